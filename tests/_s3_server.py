@@ -1,0 +1,225 @@
+"""Test fixtures: a real S3 server on loopback and a fault-injecting TCP proxy in front of it.
+
+``MotoS3Server`` runs moto's S3 server in a child process (its own GIL, like a real server) bound to
+127.0.0.1 on a free port; it stops when the fixture closes it (or when the test process dies, because
+the child exits when its stdin closes).
+
+``FaultProxy`` is a plain TCP proxy on 127.0.0.1 that, at a seeded rate, per HTTP request, does one of:
+
+* ``reset``: closes the client connection with an RST before forwarding the request;
+* ``503``: answers ``503 SlowDown`` itself (what S3 sends when it throttles);
+* ``stall``: holds the request for ``stall_s`` (longer than the client timeout), then closes;
+* ``truncate``: forwards the request but cuts the response after a few bytes.
+
+The client under test must retry through all of these and still return the right bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import select
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+__all__ = ["FaultProxy", "MotoS3Server", "s3_env"]
+
+_SERVER_CODE = (
+    "import sys\n"
+    "from moto.moto_server.threaded_moto_server import ThreadedMotoServer\n"
+    "s = ThreadedMotoServer(ip_address='127.0.0.1', port=0, verbose=False)\n"
+    "s.start()\n"
+    "print(s.get_host_and_port()[1], flush=True)\n"
+    "sys.stdin.read()\n"
+    "s.stop()\n"
+)
+
+# Credentials moto accepts; never real ones.
+_TEST_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@contextlib.contextmanager
+def s3_env(endpoint: str) -> Iterator[None]:
+    """Points the standard AWS environment variables at ``endpoint`` for the duration."""
+    saved = {k: os.environ.get(k) for k in [*_TEST_ENV, "AWS_ENDPOINT_URL", "AWS_PROFILE"]}
+    os.environ.update(_TEST_ENV)
+    os.environ["AWS_ENDPOINT_URL"] = endpoint
+    os.environ.pop("AWS_PROFILE", None)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class MotoS3Server:
+    """moto's S3 server in a child process on 127.0.0.1."""
+
+    def __init__(self) -> None:
+        env = {**os.environ, **_TEST_ENV}
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _SERVER_CODE], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline().strip()
+        if not line.isdigit():
+            self.close()
+            raise RuntimeError(f"moto server did not start (printed {line!r})")
+        self.port = int(line)
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+
+    def make_bucket(self, name: str) -> None:
+        """Creates a bucket through the plain HTTP API (no SDK needed)."""
+        import http.client
+
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request("PUT", f"/{name}")
+            resp = conn.getresponse()
+            resp.read()
+            if resp.status not in (200, 409):
+                raise RuntimeError(f"create bucket {name}: HTTP {resp.status}")
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+
+
+class FaultProxy:
+    """A TCP proxy on 127.0.0.1 that injects faults into a seeded fraction of HTTP requests."""
+
+    FAULTS = ("reset", "503", "stall", "truncate")
+
+    def __init__(self, upstream_port: int, *, rate: float, seed: int = 0, stall_s: float = 1.5,
+                 faults: tuple[str, ...] = FAULTS) -> None:
+        self._upstream = ("127.0.0.1", upstream_port)
+        self.rate = rate
+        self._faults = faults
+        self._stall_s = stall_s
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self.injected: Counter[str] = Counter()
+        self.requests = 0
+        self._stop = threading.Event()
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(128)
+        self._listener.settimeout(0.2)
+        self.port = self._listener.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._threads: list[threading.Thread] = []
+        self._accept_thread = threading.Thread(target=self._accept_loop, daemon=True)
+        self._accept_thread.start()
+
+    def _roll(self) -> str | None:
+        with self._lock:
+            self.requests += 1
+            if self._rng.random() >= self.rate:
+                return None
+            fault = self._rng.choice(self._faults)
+            self.injected[fault] += 1
+            return fault
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            t = threading.Thread(target=self._serve, args=(client,), daemon=True)
+            t.start()
+            self._threads = [x for x in self._threads if x.is_alive()] + [t]
+
+    @staticmethod
+    def _reset(sock: socket.socket) -> None:
+        # SO_LINGER 0 makes close() send an RST: the client sees "connection reset by peer".
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(self._upstream, timeout=10)
+        except OSError:
+            self._reset(client)
+            return
+        new_request = True
+        cut_after: int | None = None
+        socks = [client, upstream]
+        try:
+            while not self._stop.is_set():
+                readable, _, _ = select.select(socks, [], [], 0.2)
+                for s in readable:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    if s is client:
+                        if new_request:
+                            new_request = False
+                            fault = self._roll()
+                            if fault == "reset":
+                                self._reset(client)
+                                return
+                            if fault == "503":
+                                body = (b"<?xml version=\"1.0\"?><Error><Code>SlowDown</Code>"
+                                        b"<Message>Please reduce your request rate.</Message></Error>")
+                                client.sendall(
+                                    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+                                    b"Content-Length: " + str(len(body)).encode() +
+                                    b"\r\nConnection: close\r\n\r\n" + body)
+                                client.close()
+                                return
+                            if fault == "stall":
+                                self._stop.wait(self._stall_s)
+                                client.close()
+                                return
+                            if fault == "truncate":
+                                cut_after = self._rng.randrange(50, 4000)
+                        upstream.sendall(data)
+                    else:
+                        new_request = True
+                        if cut_after is not None:
+                            client.sendall(data[:cut_after])
+                            self._reset(client)
+                            return
+                        client.sendall(data)
+        except OSError:
+            return
+        finally:
+            with contextlib.suppress(OSError):
+                upstream.close()
+            with contextlib.suppress(OSError):
+                client.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._accept_thread.join(timeout=5)
+        self._listener.close()
+        deadline = time.monotonic() + 5
+        for t in self._threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
