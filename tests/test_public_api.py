@@ -10,6 +10,7 @@ EXPECTED = sorted([
     "HeadraceError", "LinkError", "LoaderError", "NotAStoreError", "RecordIndexError",
     "RecordTooLargeError", "RemoteError", "SchemaError", "StoreError", "StoreExistsError",
     "StoreFullError", "WriterBusyError", "WriterClosedError", "__version__",
+    "resolve", "resolve_manifest_hash",
 ])
 
 

@@ -32,6 +32,8 @@ _EXPORTS: dict[str, str] = {
     "StoreFullError": "_errors",
     "WriterBusyError": "_errors",
     "WriterClosedError": "_errors",
+    "resolve": "_resolve",
+    "resolve_manifest_hash": "_resolve",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
