@@ -10,7 +10,9 @@ EXPECTED = sorted([
     "HeadraceError", "LinkError", "LoaderError", "NotAStoreError", "RecordIndexError",
     "RecordTooLargeError", "RemoteError", "SchemaError", "StoreError", "StoreExistsError",
     "StoreFullError", "WriterBusyError", "WriterClosedError", "__version__",
+    "FieldSpec", "Ragged", "Store", "Writer", "create", "open", "verify",
     "resolve", "resolve_manifest_hash",
+    "Constraints", "DataLoader", "Loader", "MemoryCapError", "RuntimeConfig", "load", "stats",
 ])
 
 

@@ -1,0 +1,75 @@
+"""Small file-system helpers for the writer: full writes, copies, the writer lock, full-disk errors."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+
+from headrace._errors import StoreFullError, WriterBusyError
+
+__all__ = ["acquire_lock", "copy_prefix", "is_disk_full", "pwrite_all", "store_full"]
+
+_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+
+
+def pwrite_all(fd: int, data: object, offset: int) -> None:
+    """Writes all of ``data`` (any contiguous buffer) at ``offset``, looping over short writes."""
+    view = memoryview(data).cast("B")  # type: ignore[arg-type]
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
+
+
+def copy_prefix(src_fd: int, dst_fd: int, nbytes: int) -> None:
+    """Copies the first ``nbytes`` of ``src_fd`` to the start of ``dst_fd``."""
+    done = 0
+    while done < nbytes:
+        try:
+            n = os.copy_file_range(src_fd, dst_fd, nbytes - done, done, done)
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            n = 0
+        if n == 0:  # not supported here, or the source is shorter: fall back to read/write
+            buf = os.pread(src_fd, min(nbytes - done, 1 << 24), done)
+            if not buf:
+                raise OSError(errno.EIO, f"source file ends at {done} bytes, expected {nbytes}")
+            pwrite_all(dst_fd, buf, done)
+            n = len(buf)
+        done += n
+
+
+def acquire_lock(lock_path: str, store: str) -> int:
+    """Takes the store's exclusive writer lock (non-blocking) and writes our pid into it."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        except OSError:
+            holder = ""
+        os.close(fd)
+        who = f" (held by pid {holder})" if holder.isdigit() else ""
+        raise WriterBusyError(
+            f"store {store} already has a writer{who}; only one writer at a time is allowed: "
+            "close the other writer (or wait for it to finish), or open the store read-only "
+            "with headrace.open(path)") from None
+    os.ftruncate(fd, 0)
+    pwrite_all(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def is_disk_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in _FULL
+
+
+def store_full(store: str, e: OSError) -> StoreFullError:
+    err = StoreFullError(
+        f"the disk holding store {store} is full ({os.strerror(e.errno or 0)}) during a write; "
+        "nothing was committed and the store is still at its last commit: free some space "
+        "(or `headrace compact` the store) and write again")
+    err.errno = e.errno
+    return err
