@@ -22,6 +22,7 @@ NumPy-style or mx8/loaderx-style errors keeps working.
     ├── RecordIndexError (IndexError)       a record id outside [0, N)
     ├── CheckpointError (ValueError)        a resume token that does not fit this loader
     ├── LoaderError (RuntimeError)          a worker or transform failed; ``record_ids`` attached
+    ├── MemoryCapError (MemoryError)        the process stays over its RSS cap with nothing in flight
     ├── DecodeError (ValueError)            an image/audio/video payload could not be decoded
     ├── LinkError (ValueError)              a dataset link or manifest snapshot problem
     └── RemoteError (OSError)               an object-store request failed after all retries
@@ -105,6 +106,13 @@ class LoaderError(HeadraceError, RuntimeError):
     def __init__(self, message: str, *, record_ids: Sequence[int] = ()) -> None:
         super().__init__(message)
         self.record_ids = list(record_ids)
+
+
+class MemoryCapError(HeadraceError, MemoryError):
+    """The process's RSS stays over ``max_ram_bytes`` while the loader holds no batch in flight.
+
+    Raised by ``next()``; the loader stays usable: free memory (or raise the cap) and call again.
+    """
 
 
 class DecodeError(HeadraceError, ValueError):

@@ -1,0 +1,616 @@
+"""The threaded, ordered, bounded loader.
+
+Pipeline (one direction)::
+
+    dispatcher thread ──tasks──▶ worker threads ──results──▶ reorder buffer ──▶ consumer next()
+    (plan → ids → nbytes →        (gather + transform,       (dict keyed by      (in batch order,
+     window, RAM, budget)          GIL released in NumPy)     batch number)        releases budget)
+
+Invariants:
+
+* Batch ``k`` is dispatched only after ``k - delivered < window`` and after its bytes are reserved
+  in the budget; the dispatcher reserves in batch order. The batch the consumer waits for is
+  therefore always dispatched or dispatchable (everything before it was delivered and released),
+  so the loader cannot deadlock on its own cap.
+* Delivered batches belong to the consumer and are not counted: the budget is released in
+  ``next()``, so a consumer holding batches never stalls the loader (see ``docs/memory.md``).
+* Each buffered result carries the stream position after it; ``checkpoint()`` encodes the position
+  after the last *delivered* batch, so buffered batches are never counted as consumed.
+* Threads hold a reference to the engine only, never to the ``Loader``: when a loader is dropped
+  without ``close()`` its ``weakref.finalize`` stops and joins the threads.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from headrace import _checkpoint
+from headrace._budget import ByteBudget
+from headrace._config import Constraints, ResolvedConfig, RuntimeConfig, resolve_config
+from headrace._errors import ConfigError, HeadraceError, LoaderError, MemoryCapError
+from headrace._order import Mode, Order, make_order
+from headrace._sources import Source, open_source, payload_nbytes
+from headrace._stats import LoaderCounters, print_line
+
+__all__ = ["BatchPlan", "Loader"]
+
+Transform = Callable[[dict[str, Any], np.ndarray], Any]
+_TAILS = ("partial", "drop", "pad")
+_JOIN_TIMEOUT_S = 10.0
+_RAM_POLL_S = 0.005
+_RAM_WAIT_S = 5.0  # how long next() waits on an over-cap process before raising MemoryCapError
+
+
+@dataclass(frozen=True)
+class _Step:
+    """Rank-local batch ``k``: positions ``[start, start+count)`` or explicit (padded) positions."""
+
+    start: int
+    count: int
+    positions: np.ndarray | None  # set only for a padded tail that wraps around the epoch
+    after: int  # global position of the first sample not consumed once this batch is delivered
+
+
+class BatchPlan:
+    """Pure arithmetic: which global positions each of this rank's batches holds.
+
+    Rank ``r`` of ``W`` with batch ``B`` reads positions ``base + (k*W + r)*B .. + B`` where
+    ``base`` is the position the loader (or the epoch) starts from. In epoch mode a segment ends
+    at the epoch boundary; ``tail`` decides the incomplete last global step: ``"drop"`` it,
+    give ``"partial"`` batches (ranks may then differ by one batch), or ``"pad"`` every rank to a
+    full batch by wrapping around to the epoch's first positions.
+    """
+
+    def __init__(self, *, length: int, batch: int, rank: int, world_size: int, tail: str,
+                 start_position: int, end_position: int | None) -> None:
+        self.length = length
+        self.batch = batch
+        self.rank = rank
+        self.world_size = world_size
+        self.tail = tail
+        self.start_position = start_position
+        self.end_position = end_position  # None = endless
+
+    def _segment_count(self, remaining: int) -> int:
+        g = self.world_size * self.batch
+        full, rem = divmod(remaining, g)
+        if rem and (self.tail == "pad" or (self.tail == "partial" and rem > self.rank * self.batch)):
+            full += 1
+        return full
+
+    def count(self) -> int:
+        """Batches this rank will read (TypeError when endless)."""
+        if self.end_position is None:
+            raise TypeError("Eternal loader has no length.")
+        n, pos, total = self.length, self.start_position, 0
+        if n == 0 or pos >= self.end_position:
+            return 0
+        first_end = (pos // n + 1) * n
+        total += self._segment_count(first_end - pos)
+        whole = (self.end_position - first_end) // n
+        return total + whole * self._segment_count(n)
+
+    def steps(self) -> Iterator[_Step]:
+        b, w, r = self.batch, self.world_size, self.rank
+        g = w * b
+        if self.end_position is None:
+            base = self.start_position
+            k = 0
+            while True:
+                yield _Step(base + (k * w + r) * b, b, None, base + (k + 1) * g)
+                k += 1
+        n = self.length
+        seg = self.start_position
+        while n and seg < self.end_position:
+            epoch_start = (seg // n) * n
+            epoch_end = epoch_start + n
+            full, rem = divmod(epoch_end - seg, g)
+            for s in range(full):
+                after = seg + (s + 1) * g
+                if s == full - 1 and (rem == 0 or self.tail == "drop"):
+                    after = epoch_end
+                yield _Step(seg + s * g + r * b, b, None, after)
+            last = seg + full * g + r * b
+            if rem and self.tail == "partial" and rem > r * b:
+                yield _Step(last, min(b, rem - r * b), None, epoch_end)
+            elif rem and self.tail == "pad":
+                pos = last + np.arange(b, dtype=np.int64)
+                wrapped = epoch_start + (pos - epoch_start) % n
+                yield _Step(last, b, wrapped, epoch_end)
+            seg = epoch_end
+
+
+@dataclass
+class _Result:
+    k: int
+    ids: np.ndarray
+    nbytes: int
+    after: int
+    batch: Any = None
+    error: BaseException | None = None
+    where: str = "worker"
+
+
+class _Engine:
+    """The threads and the state they share. Knows nothing of the ``Loader`` object."""
+
+    def __init__(self, *, source: Source, order: Order | None, offset: int, steps: Iterator[_Step],
+                 transform: Transform | None, transform_nbytes: Callable[[int], int] | None,
+                 cfg: ResolvedConfig, budget: ByteBudget, counters: LoaderCounters) -> None:
+        self.source = source
+        self.order = order
+        self.offset = offset
+        self.transform = transform
+        self.transform_nbytes = transform_nbytes
+        self.cfg = cfg
+        self.window = cfg.window_batches
+        self.budget = budget
+        self.counters = counters
+        self.cv = threading.Condition(threading.Lock())
+        self.ready: dict[int, _Result] = {}
+        self.next_dispatch = 0
+        self.next_deliver = 0
+        self.end_k: int | None = None
+        self.closed = False
+        self.ram_blocked_since: float | None = None
+        self.tasks: queue.SimpleQueue[_Result | None] = queue.SimpleQueue()
+        self._steps = steps
+        self.threads = [threading.Thread(target=self._dispatch, name="headrace-dispatch",
+                                         daemon=True)]
+        self.threads += [threading.Thread(target=self._work, name=f"headrace-worker-{i}",
+                                          daemon=True) for i in range(cfg.threads)]
+        for t in self.threads:
+            t.start()
+
+    # -- dispatcher ------------------------------------------------------------------------------
+
+    def _ids(self, step: _Step) -> np.ndarray:
+        assert self.order is not None
+        if step.positions is not None:
+            ids = self.order.indices(step.positions)
+        else:
+            ids = self.order.range(step.start, step.count)
+        return ids + self.offset if self.offset else ids
+
+    def _wait_ram(self, nbytes: int) -> bool:
+        """Pause while the process's counted RSS plus this batch would pass the RAM cap."""
+        cap = self.cfg.max_ram_bytes
+        if self.counters.sample().counted_bytes + nbytes <= cap:
+            return True
+        start = time.monotonic()
+        with self.cv:
+            self.ram_blocked_since = start
+            self.cv.notify_all()
+        try:
+            while not self.closed:
+                if self.counters.sample().counted_bytes + nbytes <= cap:
+                    return True
+                with self.cv:
+                    self.cv.wait(_RAM_POLL_S)
+            return False
+        finally:
+            with self.cv:
+                self.ram_blocked_since = None
+            self.counters.ram_wait_s += time.monotonic() - start
+
+    def _dispatch(self) -> None:
+        k = 0
+        for step in self._steps:
+            with self.cv:
+                while not self.closed and k - self.next_deliver >= self.window:
+                    self.cv.wait()
+                if self.closed:
+                    return
+            ids = np.empty(0, np.int64)
+            try:
+                ids = self._ids(step)
+                nbytes = int(self.source.nbytes(ids))
+                if self.transform_nbytes is not None:
+                    nbytes += int(self.transform_nbytes(len(ids)))
+                self.budget.check_fits(nbytes, what=f"batch {k} ({len(ids)} records)")
+            except BaseException as e:
+                self._post(_Result(k, ids, 0, step.after, error=e, where="dispatcher"))
+                return
+            if not self._wait_ram(nbytes) or not self.budget.acquire(nbytes):
+                return  # closed while waiting
+            with self.cv:
+                self.next_dispatch = k + 1
+            self.tasks.put(_Result(k, ids, nbytes, step.after))
+            k += 1
+        with self.cv:
+            self.end_k = k
+            self.cv.notify_all()
+
+    # -- workers ---------------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            task = self.tasks.get()
+            if task is None:
+                return
+            try:
+                batch = self.source.gather(task.ids)
+                if self.transform is not None:
+                    task.where = "transform"
+                    batch = self.transform(batch, task.ids)
+                task.batch = batch
+            except BaseException as e:
+                task.error = e
+            self._post(task)
+
+    def _post(self, result: _Result) -> None:
+        with self.cv:
+            self.ready[result.k] = result
+            if len(self.ready) > self.counters.queue_high_water:
+                self.counters.queue_high_water = len(self.ready)
+            if result.error is not None and result.where == "dispatcher":
+                self.end_k = result.k + 1
+            self.cv.notify_all()
+
+    # -- consumer --------------------------------------------------------------------------------
+
+    def take(self, ram_wait_s: float) -> _Result | None:
+        """The next batch in order, or None at the end / after close."""
+        with self.cv:
+            k = self.next_deliver
+            while k not in self.ready:
+                if self.closed or (self.end_k is not None and k >= self.end_k):
+                    return None
+                blocked = self.ram_blocked_since
+                if blocked is not None and self.next_dispatch == k:
+                    # Nothing in flight and producers paused on the RAM cap: memory the loader
+                    # does not own is holding the process over the cap.
+                    if time.monotonic() - blocked >= ram_wait_s:
+                        m = self.counters.sample()
+                        raise MemoryCapError(
+                            f"process rss {m.counted_bytes} bytes (excluding "
+                            f"{m.page_cache_bytes} bytes of page cache) exceeds "
+                            f"max_process_rss_bytes {self.cfg.max_ram_bytes} and no batch is in "
+                            "flight; free batches the program holds, or raise ram_gb / "
+                            "Constraints(max_ram_bytes=...)")
+                    self.cv.wait(_RAM_POLL_S * 10)
+                else:
+                    self.cv.wait()
+            result = self.ready.pop(k)
+            self.next_deliver = k + 1
+            self.cv.notify_all()
+        self.budget.release(result.nbytes)
+        return result
+
+    def queue_depth(self) -> int:
+        return len(self.ready)
+
+    def in_flight(self) -> int:
+        return self.next_dispatch - self.next_deliver
+
+    def shutdown(self) -> None:
+        """Stop and join the threads (idempotent; safe from any thread and from a finalizer)."""
+        with self.cv:
+            if self.closed:
+                return
+            self.closed = True
+            self.cv.notify_all()
+        self.budget.close()
+        for _ in range(self.cfg.threads):
+            self.tasks.put(None)
+        me = threading.current_thread()
+        for t in self.threads:
+            if t is not me and t.is_alive():
+                t.join(_JOIN_TIMEOUT_S)
+        with self.cv:
+            self.ready.clear()
+
+
+def _as_mode(order: Any) -> Mode:
+    if isinstance(order, Mode):
+        return order
+    if isinstance(order, str):
+        try:
+            return Mode[order.strip().upper()]
+        except KeyError:
+            pass
+    elif isinstance(order, int) and not isinstance(order, bool):
+        try:
+            return Mode(order)
+        except ValueError:
+            pass
+    valid = ", ".join(repr(m.name.lower()) for m in Mode)
+    raise ConfigError(f"unknown order {order!r}; use one of {valid} (or headrace.Sampler.Mode)")
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ConfigError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+class Loader:
+    """Deterministic, threaded batches from a source, under hard memory caps.
+
+    Example::
+
+        with headrace.Loader("train.hr", batch=256, order="shuffle", seed=1, epochs=None) as ld:
+            for step, batch in zip(range(1000), ld):
+                train_step(batch["image"], batch["label"])
+            token = ld.checkpoint()        # later: Loader(..., resume=token)
+
+    Args:
+        source: a ``Source``, a ``Store``, a store path, an array or a dict of arrays.
+        batch: records per batch (>= 1).
+        order: ``"sequential"`` (circular window), ``"shuffle"`` (a new permutation per epoch) or
+            ``"iid"`` (draws with replacement); also a ``Mode`` or its int value.
+        seed: order seed (0 .. 2**64-1).
+        epoch: the first epoch (positions start at ``epoch * N``).
+        epochs: how many epochs to read; ``None`` = endless (step-based; batches run across epoch
+            boundaries and each epoch is reshuffled).
+        drop_last: drop an incomplete last batch of each epoch (same as ``tail="drop"``).
+        rank, world_size: read rank ``rank``'s share of the global stream (see ``BatchPlan``).
+        tail: incomplete last global step of an epoch: ``"partial"`` (default for one rank),
+            ``"pad"`` (default for several ranks: all ranks get the same number of full
+            batches) or ``"drop"``.
+        start, end: read only records ``[start, end)`` (the order maps into that range).
+        transform: ``fn(batch, ids) -> batch``, runs in worker threads.
+        transform_nbytes: ``fn(n_records) -> bytes`` the transform allocates (counted in the cap).
+        threads: worker threads (default: cores, 2..8).
+        inflight, ram_gb, queue, prefetch, profile, constraints, runtime: memory and queue knobs,
+            resolved as described in ``headrace._config`` and ``docs/memory.md``.
+        resume: a token from ``checkpoint()``; continues right after the last delivered batch.
+        close_source: close the source with the loader (default: only if the loader opened it).
+
+    Raises:
+        ConfigError: a bad knob, or a cap smaller than one batch (the message says the minimum).
+        CheckpointError: ``resume`` was taken on other data, seed, order or batch size.
+    """
+
+    def __init__(self, source: Any, *, batch: int = 256, order: Any = "sequential",
+                 seed: int = 0, epoch: int = 0, epochs: int | None = 1, drop_last: bool = False,
+                 rank: int = 0, world_size: int = 1, tail: str | None = None,
+                 start: int | None = None, end: int | None = None,
+                 transform: Transform | None = None,
+                 transform_nbytes: Callable[[int], int] | None = None,
+                 threads: int | None = None, inflight: int | None = None,
+                 ram_gb: float | None = None, queue: int | None = None,
+                 prefetch: int | None = None, profile: str | None = None,
+                 constraints: Constraints | None = None, runtime: RuntimeConfig | None = None,
+                 resume: bytes | None = None, close_source: bool | None = None) -> None:
+        self._engine: _Engine | None = None
+        self._closed = False
+        self.batch_size = _check_int("batch", batch, 1)
+        self.seed = _check_int("seed", seed, 0)
+        self._mode = _as_mode(order)
+        first_epoch = _check_int("epoch", epoch, 0)
+        if epochs is not None:
+            epochs = _check_int("epochs", epochs, 0)
+        self.world_size = _check_int("world_size", world_size, 1)
+        self.rank = _check_int("rank", rank, 0)
+        if self.rank >= self.world_size:
+            raise ConfigError(f"rank must be < world_size, got rank={rank} world_size={world_size}")
+        if tail is None:
+            tail = "drop" if drop_last else ("partial" if self.world_size == 1 else "pad")
+        elif drop_last and tail != "drop":
+            raise ConfigError(f"drop_last=True conflicts with tail={tail!r}; pass only one")
+        if tail not in _TAILS:
+            raise ConfigError(f"unknown tail {tail!r}; use one of {', '.join(_TAILS)}")
+        self.tail = tail
+        self._cfg = resolve_config(profile=profile, inflight=inflight, ram_gb=ram_gb,
+                                   queue=queue, prefetch=prefetch, threads=threads,
+                                   constraints=constraints, runtime=runtime)
+        opened = not isinstance(source, Source)
+        self.source: Source = open_source(source) if opened else source
+        self._owns_source = opened if close_source is None else close_source
+        try:
+            self._setup(first_epoch, epochs, start, end, transform, transform_nbytes, resume)
+        except BaseException:
+            if self._owns_source:
+                self.source.close()
+            raise
+
+    def _setup(self, first_epoch: int, epochs: int | None, start: int | None, end: int | None,
+               transform: Transform | None, transform_nbytes: Callable[[int], int] | None,
+               resume: bytes | None) -> None:
+        total = len(self.source)
+        lo = 0 if start is None else _check_int("start", start, 0)
+        hi = total if end is None else _check_int("end", end, 0)
+        if lo > hi or hi > total:
+            raise ConfigError(f"invalid range [start={lo}, end={hi}) for a source of {total} "
+                              "records; use 0 <= start <= end <= N")
+        n = hi - lo
+        self.length = n
+        self._range = (lo, hi)
+        if epochs is None and n == 0:
+            raise ConfigError("an endless loader needs at least one record; the source is empty")
+        self._first_epoch = first_epoch
+        self._end_epoch = None if epochs is None else first_epoch + epochs
+        self._position = first_epoch * n
+        if resume is not None:
+            tok = _checkpoint.decode(resume)
+            _checkpoint.validate(tok, self._state(self._position), first_epoch=first_epoch,
+                                 last_epoch=self._end_epoch)
+            self._position = tok.position
+        self._plan = BatchPlan(length=n, batch=self.batch_size, rank=self.rank,
+                               world_size=self.world_size, tail=self.tail,
+                               start_position=self._position,
+                               end_position=None if self._end_epoch is None
+                               else self._end_epoch * n)
+        self._transform_nbytes = transform_nbytes
+        self._check_first_batch(n, transform_nbytes)
+        self.last_ids = np.empty(0, np.int64)
+        self._counters = LoaderCounters()
+        self._budget = ByteBudget(self._cfg.max_inflight_bytes)
+        self._exhausted = False
+        order = make_order(self._mode, n, seed=self.seed) if n else None
+        self._engine = _Engine(source=self.source, order=order, offset=lo,
+                               steps=self._plan.steps(), transform=transform,
+                               transform_nbytes=transform_nbytes, cfg=self._cfg,
+                               budget=self._budget, counters=self._counters)
+        self._ram_wait_s = _RAM_WAIT_S
+        self._finalizer = weakref.finalize(self, _finalize, self._engine, self.source,
+                                           self._owns_source)
+
+    def _check_first_batch(self, n: int, transform_nbytes: Callable[[int], int] | None) -> None:
+        """A cap smaller than one batch is an error now, with the minimum, never a hang later."""
+        if n == 0:
+            return
+        count = min(self.batch_size, n)
+        ids = np.arange(count, dtype=np.int64) + self._range[0]
+        need = int(self.source.nbytes(ids))
+        if transform_nbytes is not None:
+            need += int(transform_nbytes(count))
+        if need > self._cfg.max_inflight_bytes:
+            raise ConfigError(
+                f"max_inflight_bytes {self._cfg.max_inflight_bytes} "
+                f"({self._cfg.sources['max_inflight_bytes']}) is smaller than one batch of "
+                f"{count} records ({need} bytes); raise inflight to at least {need} bytes or "
+                "lower batch")
+
+    def _state(self, position: int) -> _checkpoint.LoaderState:
+        n = self.length
+        return _checkpoint.LoaderState(
+            position=position, epoch=position // n if n else self._first_epoch,
+            seed=self.seed, order=self._mode.name.lower(), batch=self.batch_size, length=n,
+            start=self._range[0], end=self._range[1], fingerprint=self.source.fingerprint,
+            rank=self.rank, world_size=self.world_size)
+
+    # -- iteration -------------------------------------------------------------------------------
+
+    def __iter__(self) -> Loader:
+        return self
+
+    def __next__(self) -> Any:
+        engine = self._engine
+        if engine is None or self._exhausted:
+            raise StopIteration
+        t0 = time.monotonic()
+        result = engine.take(self._ram_wait_s)
+        waited = time.monotonic() - t0
+        if result is None:
+            self._exhausted = True
+            engine.shutdown()
+            raise StopIteration
+        if result.error is not None:
+            self._exhausted = True
+            engine.shutdown()
+            wrapped = _wrap_error(result)
+            if wrapped is result.error:
+                raise wrapped
+            raise wrapped from result.error
+        self._position = result.after
+        self.last_ids = result.ids
+        self._counters.on_delivery(samples=len(result.ids), nbytes=payload_nbytes(result.batch),
+                                   waited_s=waited)
+        return result.batch
+
+    def __len__(self) -> int:
+        """Batches this loader yields from where it started (a resumed loader: the rest)."""
+        return self._plan.count()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the next batch to deliver."""
+        return self._position // self.length if self.length else self._first_epoch
+
+    @property
+    def position(self) -> int:
+        """Global position of the first sample not yet delivered (what ``checkpoint()`` saves)."""
+        return self._position
+
+    @property
+    def config(self) -> ResolvedConfig:
+        """The resolved memory/queue knobs and where each came from."""
+        return self._cfg
+
+    def checkpoint(self) -> bytes:
+        """A token (<= 1 KB) for ``resume=``: continues right after the last delivered batch."""
+        return _checkpoint.encode(self._state(self._position))
+
+    # -- stats -----------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and memory figures; every key is documented in ``docs/memory.md``."""
+        self._counters.sample()
+        s = self._counters.snapshot()
+        engine = self._engine
+        cfg = self._cfg
+        status = ("CLOSED" if self._closed else "DONE" if self._exhausted
+                  else "RUNNING" if s["delivered_batches_total"] else "WARMING")
+        s.update({
+            "status": status,
+            "mode": "local",
+            "epoch": self.epoch,
+            "position": self._position,
+            "inflight_bytes": self._budget.used_bytes,
+            "inflight_high_water_bytes": self._budget.high_water_bytes,
+            "max_inflight_bytes": cfg.max_inflight_bytes,
+            "max_process_rss_bytes": cfg.max_ram_bytes,
+            "budget_wait_seconds": self._budget.wait_seconds,
+            "queue_depth": engine.queue_depth() if engine else 0,
+            "batches_in_flight": engine.in_flight() if engine else 0,
+            "batch_size_samples": self.batch_size,
+            "max_queue_batches": cfg.max_queue_batches,
+            "prefetch_batches": cfg.prefetch_batches,
+            "effective_max_queue_batches": cfg.window_batches,
+            "effective_prefetch_batches": cfg.prefetch_batches,
+            "threads": cfg.threads,
+            "profile": cfg.profile,
+            "want": cfg.want,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "autotune_enabled": False,
+        })
+        return s
+
+    def print_stats(self) -> None:
+        """One line on stderr: batches, samples, inflight, RSS, high water, rate, consumer wait."""
+        print_line(self.stats())
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop and join the threads, release the source if the loader opened it (idempotent)."""
+        self._closed = True
+        self._exhausted = True
+        fin = getattr(self, "_finalizer", None)
+        if fin is not None:
+            fin()
+        elif self._engine is None and getattr(self, "_owns_source", False):
+            self.source.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Loader({self.source!r}, batch={self.batch_size}, "
+                f"order={self._mode.name.lower()!r}, seed={self.seed}, position={self._position})")
+
+
+def _finalize(engine: _Engine, source: Source, owned: bool) -> None:
+    engine.shutdown()
+    if owned:
+        source.close()
+
+
+def _wrap_error(result: _Result) -> HeadraceError:
+    err = result.error
+    assert err is not None
+    if isinstance(err, ConfigError):  # a batch over the cap: the message already says the fix
+        return err
+    ids = result.ids.tolist()
+    shown = ids[:16] + (["..."] if len(ids) > 16 else [])
+    wrapped = LoaderError(f"{type(err).__name__} in the loader's {result.where} for batch "
+                          f"{result.k}: {err}", record_ids=ids)
+    wrapped.add_note(f"record ids of the failed batch: {shown}")
+    err.add_note(f"headrace: raised in the loader's {result.where} for record ids {shown}")
+    return wrapped
