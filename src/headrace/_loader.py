@@ -366,6 +366,8 @@ class Loader:
             resolved as described in ``headrace._config`` and ``docs/memory.md``.
         resume: a token from ``checkpoint()``; continues right after the last delivered batch.
         close_source: close the source with the loader (default: only if the loader opened it).
+        budget: a ``ByteBudget`` to reserve from instead of a private one (``headrace.mix`` passes
+            each source a share of one cap).
 
     Raises:
         ConfigError: a bad knob, or a cap smaller than one batch (the message says the minimum).
@@ -382,7 +384,11 @@ class Loader:
                  ram_gb: float | None = None, queue: int | None = None,
                  prefetch: int | None = None, profile: str | None = None,
                  constraints: Constraints | None = None, runtime: RuntimeConfig | None = None,
-                 resume: bytes | None = None, close_source: bool | None = None) -> None:
+                 resume: bytes | None = None, close_source: bool | None = None,
+                 budget: ByteBudget | None = None) -> None:
+        # issue 6 (mix): the settings, so _reopen() can rebuild this loader; budget= lets a mix
+        # hand every source one shared byte budget (a _shared_budget.BudgetShare).
+        self._init_kwargs = {k: v for k, v in locals().items() if k not in ("self", "source")}
         self._engine: _Engine | None = None
         self._closed = False
         self.batch_size = _check_int("batch", batch, 1)
@@ -446,7 +452,8 @@ class Loader:
         self._check_first_batch(n, transform_nbytes)
         self.last_ids = np.empty(0, np.int64)
         self._counters = LoaderCounters()
-        self._budget = ByteBudget(self._cfg.max_inflight_bytes)
+        shared = self._init_kwargs.get("budget")  # issue 6 (mix): a shared budget, if given
+        self._budget = shared if shared is not None else ByteBudget(self._cfg.max_inflight_bytes)
         self._exhausted = False
         order = make_order(self._mode, n, seed=self.seed) if n else None
         self._engine = _Engine(source=self.source, order=order, offset=lo,
@@ -584,6 +591,28 @@ class Loader:
             fin()
         elif self._engine is None and getattr(self, "_owns_source", False):
             self.source.close()
+
+    def _reopen(self, **overrides: Any) -> Loader:
+        """A new loader with this one's settings plus ``overrides``; takes over the source.
+
+        Added for ``headrace.mix`` (issue 6): it moves a source onto a shared budget
+        (``budget=``), to a checkpoint (``resume=``) or into its next epoch (``epoch=``). This
+        loader's threads stop; the source stays open and the new loader owns it as this one did.
+        """
+        kwargs = {**self._init_kwargs, **overrides, "close_source": self._owns_source}
+        fin = getattr(self, "_finalizer", None)
+        if fin is not None:
+            fin.detach()  # stop the threads without closing the source the new loader reads
+        if self._engine is not None:
+            self._engine.shutdown()
+        self._closed = self._exhausted = True
+        owned, self._owns_source = self._owns_source, False
+        try:
+            return Loader(self.source, **kwargs)
+        except BaseException:
+            if owned:
+                self.source.close()
+            raise
 
     def __enter__(self) -> Loader:
         return self
