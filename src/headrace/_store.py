@@ -36,7 +36,9 @@ __all__ = ["Ragged", "Store", "open"]
 
 VerifyMode = Literal["first", "always", "never"]
 _VERIFY_MODES = ("first", "always", "never")
-_MAP_RETRIES = 20  # a concurrent commit may unlink files between reading meta.json and mapping them
+_MAP_RETRIES = 20
+_EMPTY = np.empty(0, np.uint8)
+_EMPTY.flags.writeable = False  # a concurrent commit may unlink files between reading meta.json and mapping them
 
 
 builtin_open = open  # this module defines its own open()
@@ -395,7 +397,7 @@ class Store:
         check = self._to_check(f, idx)
         if len(check):
             self._check_crcs(f, idx, check, crc, [
-                st.chunks[c][o:o + n] for c, o, n in zip(
+                st.chunks[c][o:o + n] if n else _EMPTY for c, o, n in zip(
                     cid[check].tolist(), off[check].tolist(), ln[check].tolist(), strict=True)])
         out: np.ndarray
         if f.rec >= 0:
@@ -506,7 +508,7 @@ class Store:
 
     def _raw_views(self, st: _State, f: _Field, idx: np.ndarray) -> list[np.ndarray]:
         cid, off, ln, _nb, crc = self._entries(st, f, idx)
-        views = [st.chunks[c][o:o + n] if n else np.empty(0, np.uint8)
+        views = [st.chunks[c][o:o + n] if n else _EMPTY
                  for c, o, n in zip(cid.tolist(), off.tolist(), ln.tolist(), strict=True)]
         check = self._to_check(f, idx)
         if len(check):
