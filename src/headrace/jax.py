@@ -1,0 +1,220 @@
+"""JAX adapter: a loader's batches as ``jax.Array``s, placed with a ``Sharding`` and prefetched.
+
+::
+
+    import headrace, headrace.jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    mesh = Mesh(jax.devices(), ("data",))
+    loader = headrace.Loader(store, batch=256, order="shuffle", seed=0, epochs=None, tail="drop")
+    batches = headrace.jax.iterator(loader, sharding=NamedSharding(mesh, P("data")), prefetch=2)
+    for step, batch in zip(range(steps), batches):
+        state, loss = train_step(state, batch["x"], batch["label"])
+        if step % 1_000 == 0:
+            save(batches.checkpoint())     # what this loop received, not what sits on the device
+
+Prefetching uses JAX's asynchronous dispatch rather than a thread: ``jax.device_put`` returns as soon as
+the transfer is enqueued, so keeping ``prefetch`` placed batches in a deque overlaps the copies with the
+running step. The reading itself already happens in the loader's worker threads. Everything here runs in
+the consumer's thread, which keeps the order, the errors and the checkpoint trivially exact.
+
+Importing this module imports ``jax``; ``import headrace`` does not.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+import jax
+import numpy as np
+
+from headrace._errors import ConfigError
+from headrace._store import Ragged
+
+__all__ = ["DeviceIterator", "iterator"]
+
+
+class _CheckpointingLoader(Protocol):
+    """What the adapter needs from a loader: dict batches and a checkpoint of what was delivered."""
+
+    def __iter__(self) -> Iterator[Mapping[str, Any]]: ...
+
+    def checkpoint(self) -> bytes: ...
+
+
+class _Placed:
+    """One batch already handed to the device, with the loader state right after it."""
+
+    __slots__ = ("arrays", "ids", "token")
+
+    def __init__(self, arrays: dict[str, Any], token: bytes, ids: np.ndarray | None) -> None:
+        self.arrays = arrays
+        self.token = token
+        self.ids = ids
+
+
+def iterator(loader: _CheckpointingLoader, *, sharding: jax.sharding.Sharding | None = None,
+             prefetch: int = 2, fields: Sequence[str] | None = None) -> DeviceIterator:
+    """Wraps a headrace loader so that it yields dicts of ``jax.Array``s on device.
+
+    Args:
+        loader: a ``headrace.Loader`` (or anything iterable of dict batches with ``checkpoint()``).
+            The iterator reads it ahead by ``prefetch`` batches; call ``checkpoint()`` on the
+            iterator, not on the loader, to save what the training loop actually received.
+        sharding: where each array goes. ``None`` puts arrays on JAX's default device. With one
+            process, arrays are placed by ``jax.device_put(batch, sharding)``; with several
+            (``jax.process_count() > 1``) each process's batch is its local slice and the global
+            array is built by ``jax.make_array_from_process_local_data(sharding, local)``, so a
+            sharding is then required. A sharding that splits the batch axis over D devices needs
+            every batch to be a multiple of D rows: use ``tail="drop"`` or ``"pad"`` on the loader.
+        prefetch: batches placed on the device ahead of the one the consumer holds (0 = place
+            each batch when it is asked for). Device memory held is ``prefetch + 1`` batches.
+        fields: the batch fields to place, in any order; ``None`` places them all. Use it to leave
+            out host-only fields.
+
+    Returns:
+        A ``DeviceIterator``. Ragged fields come out as ``headrace.Ragged(values, offsets)`` of
+        ``jax.Array``s when the sharding is ``None`` or fully replicated; variable-length values
+        cannot be split along the batch axis, so any other sharding raises ``ConfigError``.
+
+    Raises:
+        ConfigError: ``prefetch`` is negative, ``fields`` is empty or not strings, or several
+            processes run without a sharding.
+    """
+    return DeviceIterator(loader, sharding=sharding, prefetch=prefetch, fields=fields)
+
+
+class DeviceIterator(Iterator[dict[str, Any]]):
+    """Batches of a loader as ``jax.Array``s; see ``headrace.jax.iterator``.
+
+    Invariant: after ``next()`` returns, at most ``prefetch`` placed batches wait in the queue (their
+    transfers run while the caller's step runs), and the checkpoint is the loader's token captured
+    right after the batch last returned by ``next()``.
+    """
+
+    def __init__(self, loader: _CheckpointingLoader, *,
+                 sharding: jax.sharding.Sharding | None = None, prefetch: int = 2,
+                 fields: Sequence[str] | None = None) -> None:
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ConfigError(
+                f"prefetch={prefetch!r} must be an int >= 0 (batches placed ahead; 2 is typical)")
+        if fields is not None:
+            fields = tuple(fields)
+            if not fields or not all(isinstance(f, str) for f in fields):
+                raise ConfigError(
+                    f"fields={fields!r} must be a non-empty sequence of field names, or None for all")
+        self._multiprocess = jax.process_count() > 1
+        if self._multiprocess and sharding is None:
+            raise ConfigError(
+                f"sharding=None with jax.process_count()={jax.process_count()}: pass the global "
+                "sharding, e.g. NamedSharding(Mesh(jax.devices(), ('data',)), P('data')); each "
+                "process's loader batch is its local slice of the global batch")
+        self._loader = loader
+        self._sharding = sharding
+        self._prefetch = prefetch
+        self._fields = fields
+        # The state before anything was read: a fresh or resumed loader, as the caller built it.
+        self._token = loader.checkpoint()
+        self._source: Iterator[Mapping[str, Any]] = iter(loader)
+        self._queue: collections.deque[_Placed | BaseException] = collections.deque()
+        self._exhausted = False
+        self._closed = False
+        self.last_ids: np.ndarray | None = None
+        """Record ids of the batch last returned by ``next()`` (when the loader reports them)."""
+
+    @property
+    def loader(self) -> _CheckpointingLoader:
+        """The wrapped loader (it runs ahead of this iterator by up to ``prefetch + 1`` batches)."""
+        return self._loader
+
+    def checkpoint(self) -> bytes:
+        """The loader's token for exactly the batches this iterator has returned.
+
+        Resume with ``headrace.jax.iterator(headrace.Loader(..., resume=token), ...)``. Batches
+        prefetched to the device but not yet returned are not counted, so they are read again.
+        """
+        return self._token
+
+    def __iter__(self) -> DeviceIterator:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        if self._closed:
+            raise StopIteration
+        self._fill(self._prefetch + 1)
+        if not self._queue:
+            raise StopIteration
+        item = self._queue.popleft()
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        self._token = item.token
+        self.last_ids = item.ids
+        return item.arrays
+
+    def close(self) -> None:
+        """Drops the prefetched device batches. Idempotent; the loader is closed by its owner."""
+        self._closed = True
+        self._queue.clear()
+
+    def __enter__(self) -> DeviceIterator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _fill(self, depth: int) -> None:
+        while not self._exhausted and len(self._queue) < depth:
+            try:
+                host = next(self._source)
+                token = self._loader.checkpoint()
+                ids = getattr(self._loader, "last_ids", None)
+                placed = _Placed(self._place(host), token, None if ids is None else np.array(ids))
+            except StopIteration:
+                self._exhausted = True
+                return
+            except Exception as exc:
+                # Delivered in stream order: the batches before the failure still reach the caller.
+                self._exhausted = True
+                self._queue.append(exc)
+                return
+            self._queue.append(placed)
+
+    def _place(self, host: Mapping[str, Any]) -> dict[str, Any]:
+        names: Iterable[str] = host.keys() if self._fields is None else self._fields
+        tree: dict[str, Any] = {}
+        for name in names:
+            if name not in host:
+                raise ConfigError(
+                    f"field {name!r} is not in the loader's batches (they hold {sorted(host)}); "
+                    "fix fields=")
+            value = host[name]
+            if isinstance(value, Ragged):
+                self._check_ragged_placeable(name)
+                tree[name] = Ragged(np.asarray(value.values), np.asarray(value.offsets))
+            else:
+                tree[name] = np.asarray(value)
+        try:
+            if self._multiprocess:
+                sharding = self._sharding
+                return jax.tree.map(
+                    lambda x: jax.make_array_from_process_local_data(sharding, x), tree)
+            return jax.device_put(tree, self._sharding)
+        except ValueError as exc:
+            shapes = {k: getattr(v, "shape", None) for k, v in tree.items()}
+            exc.add_note(
+                f"headrace.jax: placing a batch with shapes {shapes} on {self._sharding}; a "
+                "sharding that splits the batch axis needs every batch to divide evenly: build "
+                "the loader with tail='drop' (or 'pad') and a batch that is a multiple of the "
+                "device count")
+            raise
+
+    def _check_ragged_placeable(self, name: str) -> None:
+        if self._multiprocess or not (
+                self._sharding is None or self._sharding.is_fully_replicated):
+            raise ConfigError(
+                f"field {name!r} is ragged (values + offsets) and cannot be split along the batch "
+                f"axis by {self._sharding}; pad it to a fixed shape in a loader transform, or "
+                "leave it out with fields=")
