@@ -29,7 +29,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 
-__all__ = ["FaultProxy", "MotoS3Server", "s3_env"]
+__all__ = ["FaultProxy", "MotoS3Server", "new_bucket", "s3_env", "shared_server"]
 
 _SERVER_CODE = (
     "import sys\n"
@@ -223,3 +223,27 @@ class FaultProxy:
         deadline = time.monotonic() + 5
         for t in self._threads:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+_SHARED: MotoS3Server | None = None
+
+
+def shared_server() -> MotoS3Server:
+    """One moto server for the whole test session (started on first use, stopped at exit)."""
+    global _SHARED
+    if _SHARED is None:
+        import atexit
+
+        _SHARED = MotoS3Server()
+        atexit.register(_SHARED.close)
+    return _SHARED
+
+
+_BUCKETS = iter(range(10**9))
+
+
+def new_bucket(server: MotoS3Server, stem: str = "bkt") -> str:
+    """A fresh, empty bucket, so tests never see each other's objects."""
+    name = f"{stem}-{os.getpid()}-{next(_BUCKETS)}"
+    server.make_bucket(name)
+    return name

@@ -278,7 +278,7 @@ class ObjectStore:
         for attempt in range(1, o.max_attempts + 1):
             try:
                 return fn(self._store())
-            except ox.NotFoundError as e:
+            except (ox.NotFoundError, FileNotFoundError) as e:
                 raise ObjectNotFoundError(f"{what} {self.url(key)}: no such key", key=key) from e
             except Exception as e:
                 if not _retryable(e):
