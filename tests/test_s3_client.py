@@ -5,8 +5,8 @@ import os
 import pickle
 
 import pytest
-from _s3_server import FaultProxy, new_bucket, shared_server
 
+from _s3_server import FaultProxy, new_bucket, shared_server
 from headrace import ConfigError, RemoteError
 from headrace._cache import ByteCache
 from headrace._objstore import ObjectNotFoundError, ObjectStore, S3Options
