@@ -13,6 +13,7 @@ EXPECTED = sorted([
     "FieldSpec", "Ragged", "Store", "Writer", "create", "open", "verify",
     "resolve", "resolve_manifest_hash",
     "Constraints", "DataLoader", "Loader", "MemoryCapError", "RuntimeConfig", "load", "stats",
+    "ImageLoader", "image", "pack_dir",
 ])
 
 

@@ -1,0 +1,406 @@
+"""``headrace.image``: (images, labels) batches decoded and augmented in the loader's threads.
+
+Built on :class:`headrace.Loader`: the source hands out encoded bytes (zero-copy ``mmap`` views for
+stores and mx8 packs), and a transform running in the worker threads reads each image's header,
+plans its augmentation (``_image_augment``, a pure function of ``(seed, epoch, record id)``),
+decodes the planned crop at the smallest DCT scale that covers it (``_image_decode``) and writes
+the result straight into the batch array, which is allocated once per batch and counted in the
+loader's byte budget (``transform_nbytes = batch x H x W x 3 x itemsize``).
+
+Epochs run one :class:`~headrace.Loader` each, so every batch knows its epoch (the augmentation
+key) and the checkpoint of the last delivered batch resumes into the right epoch.
+
+``on_decode_error="skip"`` drops the undecodable image only: that batch comes back shorter by the
+number of bad images (a batch where every image failed is not delivered at all). The checkpoint
+still counts the bad records as consumed, so a resumed run skips them the same way: exact resume.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from . import _checkpoint
+from ._errors import ConfigError, DecodeError, LoaderError
+from ._image_augment import ImageSpec, finish, plan_batch
+from ._image_decode import decode, image_size
+from ._image_sources import ImageRecords, open_image_records
+from ._loader import Loader
+
+__all__ = ["ImageLoader", "image"]
+
+_ERROR_POLICIES = ("error", "skip")
+_SUFFIXES = ("@refresh",)
+
+
+class _RecordsSource:
+    """``ImageRecords`` as a loader source that gathers payload views, not copies."""
+
+    def __init__(self, records: ImageRecords) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.records.fingerprint
+
+    def nbytes(self, ids: np.ndarray) -> int:
+        return self.records.payload_nbytes(ids) + 8 * len(ids)
+
+    def gather(self, ids: np.ndarray) -> dict[str, Any]:
+        return {"payloads": self.records.payloads(ids), "label": self.records.labels(ids)}
+
+    def close(self) -> None:
+        pass  # the ImageLoader owns the records
+
+
+class _Decoder:
+    """The transform: payload views -> one (images, labels) batch. Thread-safe."""
+
+    def __init__(self, loader: ImageLoader, epoch: int) -> None:
+        self.ld = loader
+        self.epoch = epoch
+
+    def __call__(self, batch: dict[str, Any], ids: np.ndarray) -> dict[str, Any]:
+        ld = self.ld
+        spec = ld.spec
+        payloads = batch["payloads"]
+        n = len(ids)
+        sizes: list[tuple[int, int]] = []
+        bad: dict[int, DecodeError] = {}
+        for j, buf in enumerate(payloads):
+            try:
+                sizes.append(image_size(buf))
+            except DecodeError as e:
+                bad[j] = e
+                sizes.append((1, 1))
+        plans = plan_batch(spec, ld.seed, self.epoch, ids, sizes)
+        out = np.empty((n, *ld.item_shape), ld.dtype)
+        direct = spec.layout == "NHWC" and not spec.float_out
+        keep = np.empty(n, np.int64)
+        k = 0
+        for j, (buf, plan) in enumerate(zip(payloads, plans, strict=True)):
+            try:
+                if j in bad:
+                    raise bad[j]
+                if ld.native_hw is not None and sizes[j] != ld.native_hw:
+                    raise ConfigError(
+                        f"record {int(ids[j])} ({ld.records.path(int(ids[j]))}) is "
+                        f"{sizes[j][0]}x{sizes[j][1]} but the batch shape is "
+                        f"{ld.native_hw[0]}x{ld.native_hw[1]}; pass resize=(H, W) (or a crop) so "
+                        "every image comes out the same size")
+                simple = direct and plan.post is None and not plan.flip and plan.jitter is None
+                img = decode(buf, box=plan.box, size=plan.size, out=out[k] if simple else None,
+                             interpolation=spec.interpolation, dct_scale=spec.dct_scale,
+                             fast=spec.fast)
+                if not simple:
+                    finish(spec, img, plan, out[k])
+            except DecodeError as e:
+                rid = int(ids[j])
+                path = ld.records.path(rid)
+                if ld.on_decode_error == "error":
+                    raise DecodeError(f"record {rid} ({path}): {e}", record_id=rid,
+                                      path=path) from e
+                continue
+            keep[k] = j
+            k += 1
+        ld._count(decoded=k, failed=n - k)
+        labels = np.asarray(batch["label"], np.int64)
+        if k == n:
+            return {"images": out, "labels": labels, "ids": ids}
+        sel = keep[:k]
+        return {"images": out[:k], "labels": labels[sel], "ids": ids[sel]}
+
+
+class ImageLoader:
+    """Iterates ``(images, labels)`` batches; built by :func:`image` (see it for the arguments).
+
+    ``images`` is ``(B, 3, H, W)`` (``layout="NCHW"``) or ``(B, H, W, 3)``, ``float32`` (``/255``,
+    then ``mean``/``std``) or ``uint8`` (``float_out=False``); ``labels`` is ``int64[B]`` (``-1``
+    for unlabeled records). NumPy arrays, or torch tensors with ``to_torch=True``.
+    """
+
+    def __init__(self, data: Any, *, spec: ImageSpec, batch: int, order: str, seed: int,
+                 epoch: int, epochs: int | None, drop_last: bool, on_decode_error: str,
+                 to_torch: bool, label_mode: str | None, loader_kw: dict[str, Any],
+                 resume: bytes | None) -> None:
+        if on_decode_error not in _ERROR_POLICIES:
+            raise ConfigError(f"on_decode_error={on_decode_error!r} must be 'error' or 'skip'")
+        if isinstance(data, str):
+            for suffix in _SUFFIXES:  # a local store is always read at its latest commit
+                if data.endswith(suffix):
+                    data = data[: -len(suffix)]
+        self.records = open_image_records(data, label_mode=label_mode)
+        self._closed = False
+        self._inner: Loader | None = None
+        try:
+            self._init(spec, batch, order, seed, epoch, epochs, drop_last, on_decode_error,
+                       to_torch, loader_kw, resume)
+        except BaseException:
+            self.records.close()
+            raise
+
+    def _init(self, spec: ImageSpec, batch: int, order: str, seed: int, epoch: int,
+              epochs: int | None, drop_last: bool, on_decode_error: str, to_torch: bool,
+              loader_kw: dict[str, Any], resume: bytes | None) -> None:
+        self.spec = spec
+        self.on_decode_error = on_decode_error
+        self.to_torch = bool(to_torch)
+        self.seed = seed
+        self.batch_size = batch
+        n = len(self.records)
+        self.native_hw: tuple[int, int] | None = None
+        hw = spec.out_hw
+        if hw is None:
+            if n == 0:
+                hw = (1, 1)
+            else:
+                hw = image_size(self.records.payloads(np.zeros(1, np.int64))[0])
+                self.native_hw = hw
+        self.out_hw = hw
+        self.dtype = np.dtype(np.float32 if spec.float_out else np.uint8)
+        self.item_shape = (3, *hw) if spec.layout == "NCHW" else (*hw, 3)
+        per_item = int(np.prod(self.item_shape)) * self.dtype.itemsize + 16
+        self._transform_nbytes = lambda k: k * per_item
+        self._source = _RecordsSource(self.records)
+        self._kw = dict(loader_kw, batch=batch, order=order, seed=seed, drop_last=drop_last,
+                        close_source=False, transform_nbytes=self._transform_nbytes)
+        self._lock = threading.Lock()
+        self._decoded = 0
+        self._failed = 0
+        self._done_totals: dict[str, float] = {}
+        self.last_ids = np.empty(0, np.int64)
+        self._first_epoch = epoch
+        self._end_epoch = None if epochs is None else epoch + epochs
+        start_epoch, token = epoch, None
+        if resume is not None:
+            tok = _checkpoint.decode(resume)
+            if n and tok.length == n:
+                start_epoch = tok.position // n
+                token = None if tok.position % n == 0 else resume
+            else:
+                token = resume  # let the loader's validation explain the mismatch
+            if start_epoch < epoch or (self._end_epoch is not None
+                                       and start_epoch > self._end_epoch):
+                raise _checkpoint_error(tok, epoch, self._end_epoch)
+        self._epoch = start_epoch
+        self._last: Loader = self._open_epoch(start_epoch, token)
+
+    def _open_epoch(self, e: int, token: bytes | None) -> Loader:
+        ld = Loader(self._source, epoch=e, epochs=1, transform=_Decoder(self, e), resume=token,
+                    **self._kw)
+        self._inner = ld if self._end_epoch is None or e < self._end_epoch else None
+        if self._inner is None:
+            ld.close()
+        return ld
+
+    def _count(self, *, decoded: int, failed: int) -> None:
+        with self._lock:
+            self._decoded += decoded
+            self._failed += failed
+
+    # -- iteration -----------------------------------------------------------------------------
+
+    def __iter__(self) -> ImageLoader:
+        return self
+
+    def __next__(self) -> tuple[Any, Any]:
+        while True:
+            inner = self._inner
+            if inner is None:
+                raise StopIteration
+            try:
+                b = next(inner)
+            except StopIteration:
+                self._retire(inner)
+                self._epoch += 1
+                if self._closed or (self._end_epoch is not None and self._epoch >= self._end_epoch):
+                    self._inner = None
+                    raise StopIteration from None
+                self._last = self._open_epoch(self._epoch, None)
+                continue
+            except LoaderError as e:
+                cause = e.__cause__
+                if isinstance(cause, DecodeError | ConfigError):
+                    raise cause.with_traceback(None) from e
+                raise
+            if len(b["ids"]) == 0:
+                continue  # every image of the batch failed to decode (skip policy)
+            self.last_ids = b["ids"]
+            images, labels = b["images"], b["labels"]
+            if self.to_torch:
+                import torch
+
+                return torch.from_numpy(images), torch.from_numpy(labels)
+            return images, labels
+
+    def _retire(self, inner: Loader) -> None:
+        s = inner.stats()
+        for key, v in s.items():
+            if key.endswith("_total") and isinstance(v, int | float):
+                self._done_totals[key] = self._done_totals.get(key, 0) + v
+        inner.close()
+
+    def __len__(self) -> int:
+        """Batches left to yield (counting the current epoch from where it is)."""
+        if self._end_epoch is None:
+            raise TypeError("an endless image loader (epochs=None) has no length")
+        if self._inner is None:
+            return 0
+        per_epoch = len(Loader(self._source, epoch=0, epochs=1, **self._kw))
+        return len(self._inner) + per_epoch * (self._end_epoch - self._epoch - 1)
+
+    # -- state -----------------------------------------------------------------------------------
+
+    @property
+    def classes(self) -> list[str] | None:
+        """Class names by label id (from ``_labels.tsv``/``labels.tsv``/folders), or ``None``."""
+        return self.records.classes
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def checkpoint(self) -> bytes:
+        """A token for ``resume=``: continues after the last delivered batch, same augmentations."""
+        return (self._inner or self._last).checkpoint()
+
+    def stats(self) -> dict[str, Any]:
+        """The loader's stats plus ``images_decoded_total`` and ``decode_errors_total`` (images
+        dropped by ``on_decode_error="skip"``)."""
+        if self._inner is not None:
+            s = self._inner.stats()
+            for key, v in self._done_totals.items():
+                s[key] = s.get(key, 0) + v
+        else:  # exhausted or closed: the retired epochs' totals are the whole story
+            s = self._last.stats()
+            s.update(self._done_totals)
+        with self._lock:
+            s["images_decoded_total"] = self._decoded
+            s["decode_errors_total"] = self._failed
+        s["images_skipped_total"] = s["decode_errors_total"]
+        s["epoch"] = self._epoch
+        return s
+
+    def print_stats(self) -> None:
+        s = self.stats()
+        (self._inner or self._last).print_stats()
+        print(f"images decoded {s['images_decoded_total']}, decode errors "
+              f"{s['decode_errors_total']}")
+
+    def close(self) -> None:
+        """Stops the threads and releases the data (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for ld in (self._inner, getattr(self, "_last", None)):
+            if ld is not None:
+                ld.close()
+        self._inner = None
+        self.records.close()
+
+    def __enter__(self) -> ImageLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return (f"ImageLoader({self.records!r}, batch={self.batch_size}, out={self.item_shape}, "
+                f"dtype={self.dtype}, epoch={self._epoch})")
+
+
+def _checkpoint_error(tok: Any, first: int, end: int | None) -> Exception:
+    from ._errors import CheckpointError
+
+    span = f"[{first}, {end})" if end is not None else f">= {first}"
+    return CheckpointError(f"resume epoch mismatch: token epoch={tok.epoch} is outside this "
+                           f"loader's epochs {span}; pass epoch={tok.epoch}")
+
+
+def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | None = None,
+          seed: int = 0, epoch: int = 0, epochs: int | None = 1, drop_last: bool = False,
+          augment: str | None = None, resize: tuple[int, int] | None = None,
+          crop: tuple[int, int] | None = None, center_crop: tuple[int, int] | None = None,
+          random_resized_crop: tuple[int, int] | None = None,
+          scale: tuple[float, float] = (0.08, 1.0),
+          ratio: tuple[float, float] = (3 / 4, 4 / 3), flip_p: float | None = None,
+          jitter_brightness: float | None = None, jitter_contrast: float | None = None,
+          jitter_saturation: float | None = None, jitter_hue: float | None = None,
+          mean: tuple[float, float, float] | None = None,
+          std: tuple[float, float, float] | None = None, float_out: bool = True,
+          layout: str = "NCHW", interpolation: str = "auto", dct_scale: bool = True,
+          fast_decode: bool = False, on_decode_error: str = "error", to_torch: bool = False,
+          label_mode: str | None = "auto", threads: int | None = None,
+          inflight: int | None = None, ram_gb: float | None = None, queue: int | None = None,
+          prefetch: int | None = None, profile: str | None = None, constraints: Any = None,
+          runtime: Any = None, rank: int = 0, world_size: int = 1,
+          resume: bytes | None = None) -> ImageLoader:
+    """Decoded, augmented image batches from a store, an mx8 pack or a raw image folder.
+
+    Example (mx8's README, unchanged)::
+
+        loader = headrace.image("/data/packed@refresh", batch=64, inflight=256 << 20,
+                                resize=(224, 224))
+        print(loader.classes)
+        for images, labels in loader: ...
+
+    Args:
+        data: a store made by :func:`headrace.pack_dir` (path or ``Store``; ``@refresh`` is
+            accepted and ignored: a store is always read at its latest commit), an mx8 1.0.7 pack
+            directory, or a local image folder (labels by first-level folder, see ``label_mode``).
+        batch: images per batch.
+        shuffle: shuffle each epoch (``order="shuffle"``); ``order`` may name any loader order.
+        seed: order and augmentation seed. Augmentations are a pure function of
+            ``(seed, epoch, record id)``: independent of threads, batch size and resume.
+        epoch, epochs: the first epoch and how many to read (``None`` = endless).
+        augment: presets ``"imagenet"`` (RandomResizedCrop 224 + flip + ImageNet mean/std; with
+            ``resize`` it is mx8's random 224 crop of the resized image), ``"standard"`` (mx8's),
+            ``"eval"`` (shorter side 256, centre crop 224, mean/std). Explicit kwargs win.
+        resize: ``(H, W)``, aspect ratio not kept. ``crop``: random ``(h, w)`` window (of the
+            resized image when ``resize`` is given, else of the source). ``center_crop``: the
+            same, centred.
+        random_resized_crop, scale, ratio: torchvision's RandomResizedCrop to ``(H, W)``.
+        flip_p: horizontal flip probability.
+        jitter_brightness, jitter_contrast, jitter_saturation, jitter_hue: ColorJitter amounts
+            (hue in [0, 0.5]).
+        mean, std: per-channel normalisation on the 0..1 scale (needs ``float_out=True``).
+        float_out: ``float32`` in [0, 1] (then normalised) or ``uint8``.
+        layout: ``"NCHW"`` (mx8's) or ``"NHWC"``.
+        interpolation: ``"auto"`` (area when shrinking >= 2x after DCT scaling, else bilinear),
+            ``"area"`` or ``"linear"``.
+        dct_scale: let libjpeg-turbo decode at 1/2, 1/4, 1/8 when that still covers the output.
+        fast_decode: libjpeg-turbo's fast IDCT and upsampling (slightly less accurate).
+        on_decode_error: ``"error"`` raises :class:`~headrace.DecodeError` naming the record id
+            and path; ``"skip"`` drops that image (the batch is shorter) and counts it in
+            ``stats()["decode_errors_total"]``.
+        to_torch: yield torch tensors (torch is imported only then).
+        label_mode: for raw folders, as in :func:`headrace.pack_dir`.
+        threads, inflight, ram_gb, queue, prefetch, profile, constraints, runtime, rank,
+            world_size, resume: as in :class:`headrace.Loader`.
+    """
+    spec = ImageSpec.from_kwargs(
+        augment=augment, resize=resize, crop=crop, center_crop=center_crop,
+        random_resized_crop=random_resized_crop, scale=scale, ratio=ratio, flip_p=flip_p,
+        jitter_brightness=jitter_brightness, jitter_contrast=jitter_contrast,
+        jitter_saturation=jitter_saturation, jitter_hue=jitter_hue, mean=mean, std=std,
+        float_out=float_out, layout=layout, interpolation=interpolation, dct_scale=dct_scale,
+        fast=fast_decode)
+    loader_kw = {"threads": threads, "inflight": inflight, "ram_gb": ram_gb, "queue": queue,
+                 "prefetch": prefetch, "profile": profile, "constraints": constraints,
+                 "runtime": runtime, "rank": rank, "world_size": world_size}
+    return ImageLoader(data, spec=spec, batch=batch,
+                       order=order or ("shuffle" if shuffle else "sequential"), seed=seed,
+                       epoch=epoch, epochs=epochs, drop_last=drop_last,
+                       on_decode_error=on_decode_error, to_torch=to_torch,
+                       label_mode=label_mode, loader_kw=loader_kw, resume=resume)

@@ -1,0 +1,595 @@
+"""Image sources: a raw local image folder, an mx8 1.0.7 pack, a store made by ``pack_dir``.
+
+All three give the image loader the same thing (:class:`ImageRecords`): the encoded bytes of
+records ``0..N-1`` (zero-copy ``mmap`` views where the bytes sit in a file at a known offset), an
+int64 label per record (``-1`` = unlabeled), the class names, and a path per record for error
+messages. The folder and mx8 sources are also registered with ``headrace._sources`` so that a plain
+``headrace.Loader(folder)`` reads them (fields ``image`` as ``Ragged`` bytes and ``label``).
+
+Also here: the folder scan that ``pack_dir`` shares (sorted byte-wise by relative path, hidden and
+non-image files skipped and counted, ImageFolder labels) and ``labels.tsv`` reading/writing with
+mx8's percent-encoding (``%`` ``%25``, space ``%20``, TAB ``%09``, non-ASCII bytes ``%C3%BC``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._errors import ConfigError, CorruptionError, RecordIndexError
+
+__all__ = ["IMAGE_EXTENSIONS", "FolderImages", "ImageRecords", "Mx8PackImages", "Scan",
+           "StoreImages", "decode_label", "encode_label", "is_image_folder", "is_mx8_pack",
+           "open_image_records", "read_labels_tsv", "scan_tree", "write_labels_tsv"]
+
+IMAGE_EXTENSIONS = frozenset({
+    ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff",
+    ".ppm", ".pgm", ".pbm", ".pnm",
+})
+LABEL_MODES = ("auto", "imagefolder", "none")
+
+# -- labels.tsv ------------------------------------------------------------------------------------
+
+
+def encode_label(name: str) -> str:
+    """mx8's percent-encoding of a class name: ``%``, space, controls and non-ASCII bytes."""
+    out = []
+    for b in os.fsencode(name):
+        if b == 0x25 or b <= 0x20 or b >= 0x7F:
+            out.append(f"%{b:02X}")
+        else:
+            out.append(chr(b))
+    return "".join(out)
+
+
+def decode_label(text: str) -> str:
+    """Inverse of :func:`encode_label` (undecodable UTF-8 keeps its bytes as surrogates)."""
+    raw = bytearray()
+    src = text.encode("utf-8", "surrogateescape")
+    i = 0
+    while i < len(src):
+        c = src[i]
+        if c == 0x25 and i + 3 <= len(src) and _is_hex(src[i + 1:i + 3]):
+            raw.append(int(src[i + 1:i + 3], 16))
+            i += 3
+        else:
+            raw.append(c)
+            i += 1
+    return os.fsdecode(bytes(raw))
+
+
+def _is_hex(b: bytes) -> bool:
+    return len(b) == 2 and all(chr(x) in "0123456789abcdefABCDEF" for x in b)
+
+
+def write_labels_tsv(path: str, classes: list[str], *, header: bool = False) -> None:
+    """Writes ``label_id<TAB>encoded name`` lines (``header``: mx8's ``schema_version=1`` first)."""
+    lines = (["schema_version=1"] if header else []) + [
+        f"{i}\t{encode_label(c)}" for i, c in enumerate(classes)]
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        f.write("\n".join(lines) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_labels_tsv(path: str) -> list[str]:
+    """Class names by label id from a headrace ``_labels.tsv`` or an mx8 ``labels.tsv``."""
+    names: dict[int, str] = {}
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:
+        for n, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("schema_version="):
+                if line != "schema_version=1":
+                    raise CorruptionError(f"{path}: unsupported labels {line} (expected "
+                                          "schema_version=1)")
+                continue
+            key, sep, name = line.partition("\t")
+            if not sep or not key.isdigit():
+                raise CorruptionError(f"{path} line {n}: expected label_id<TAB>name, got {line!r}")
+            names[int(key)] = decode_label(name)
+    if sorted(names) != list(range(len(names))):
+        raise CorruptionError(f"{path}: label ids must be 0..{len(names) - 1} without gaps")
+    return [names[i] for i in range(len(names))]
+
+
+# -- scanning a folder -----------------------------------------------------------------------------
+
+
+@dataclass
+class Scan:
+    """The images under a root, in byte-wise order of their relative (``/``-separated) paths."""
+
+    root: str
+    paths: list[str]
+    sizes: np.ndarray  # int64 file sizes
+    labels: np.ndarray  # int64, -1 = unlabeled
+    classes: list[str] | None
+    skipped: dict[str, int] = field(default_factory=dict)
+    note: str | None = None  # why records are unlabeled, when label_mode="auto" gave up
+
+
+def _check_label_mode(label_mode: str | None, require_labels: bool) -> str:
+    mode = "auto" if label_mode is None else label_mode
+    if mode not in LABEL_MODES:
+        raise ConfigError(f"invalid label mode {label_mode!r} (expected: auto|none|imagefolder)")
+    if mode == "none" and require_labels:
+        raise ConfigError("label_mode='none' contradicts require_labels=True; pass "
+                          "label_mode='imagefolder' to label by first-level folder")
+    return mode
+
+
+def scan_tree(root: str, *, label_mode: str | None = "auto", require_labels: bool = False,
+              exclude: str | None = None) -> Scan:
+    """Lists the image files under ``root`` with their labels (see ``pack_dir`` for the rules).
+
+    Raises:
+        ConfigError: bad ``label_mode``; or labels are required (``imagefolder`` or
+            ``require_labels``) and some files are not under a class folder (listed).
+        FileNotFoundError: ``root`` is not a directory.
+    """
+    mode = _check_label_mode(label_mode, require_labels)
+    root = os.path.abspath(root)
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"in_dir must be a directory: {root!r} is not one")
+    excl = os.path.abspath(exclude) if exclude is not None else None
+    found: list[tuple[bytes, str, int]] = []
+    hidden = non_image = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        if excl is not None:
+            dirnames[:] = [d for d in dirnames if os.path.join(dirpath, d) != excl]
+        rel_dir = os.path.relpath(dirpath, root)
+        parts = [] if rel_dir == "." else rel_dir.split(os.sep)
+        in_hidden = any(p.startswith(".") for p in parts)
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            if in_hidden or name.startswith("."):
+                hidden += 1
+                continue
+            if os.path.splitext(name)[1].lower() not in IMAGE_EXTENSIONS:
+                non_image += 1
+                continue
+            try:
+                st = os.stat(full)
+            except FileNotFoundError:  # vanished during the walk
+                continue
+            if not os.path.isfile(full):
+                continue
+            rel = "/".join([*parts, name])
+            found.append((os.fsencode(rel), rel, st.st_size))
+    found.sort(key=lambda t: t[0])
+    paths = [t[1] for t in found]
+    sizes = np.fromiter((t[2] for t in found), np.int64, len(found))
+    labels = np.full(len(paths), -1, np.int64)
+    classes: list[str] | None = None
+    note = None
+    if mode != "none" and paths:
+        top = [p for p in paths if "/" not in p]
+        if top and (mode == "imagefolder" or require_labels):
+            shown = ", ".join(top[:10]) + (f" ... ({len(top)} files)" if len(top) > 10 else "")
+            raise ConfigError(
+                f"require_labels/imagefolder mode requires files under <label>/<file>, but "
+                f"{len(top)} image files sit directly in {root}: {shown}; move them into class "
+                "folders or pass label_mode='auto'/'none'")
+        if top:
+            note = (f"label_mode='auto': {len(top)} image files sit directly in {root} (e.g. "
+                    f"{', '.join(top[:3])}), so this is not an ImageFolder layout and the records "
+                    "are unlabeled (label -1); move them into class folders, or pass "
+                    "label_mode='none' to silence this")
+        else:
+            first = [p.split("/", 1)[0] for p in paths]
+            classes = sorted(set(first), key=encode_label)
+            cid = {c: i for i, c in enumerate(classes)}
+            labels = np.fromiter((cid[c] for c in first), np.int64, len(first))
+    return Scan(root, paths, sizes, labels, classes,
+                {"hidden": hidden, "non_image": non_image}, note)
+
+
+# -- what the image loader reads ---------------------------------------------------------------------
+
+
+class ImageRecords:
+    """Encoded images ``0..N-1`` with labels; also a ``headrace._sources.Source``.
+
+    Subclasses implement ``payloads`` (bytes or zero-copy views), ``_labels`` and ``path``.
+    """
+
+    classes: list[str] | None = None
+    #: ``payloads(ids)`` returns views into memory the source already holds (no allocation).
+    zero_copy: bool = False
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def fingerprint(self) -> str:
+        raise NotImplementedError
+
+    def payloads(self, ids: np.ndarray) -> list[Any]:
+        raise NotImplementedError
+
+    def labels(self, ids: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def path(self, i: int) -> str:
+        raise NotImplementedError
+
+    def payload_nbytes(self, ids: np.ndarray) -> int:
+        """Bytes ``payloads(ids)`` allocates (0 for views of an existing mapping)."""
+        raise NotImplementedError
+
+    def _check(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64)
+        n = len(self)
+        if ids.size and (ids.min() < 0 or ids.max() >= n):
+            bad = ids[(ids < 0) | (ids >= n)][:8].tolist()
+            raise RecordIndexError(f"record ids {bad} are outside [0, {n})")
+        return ids
+
+    # -- the Source protocol (a generic Loader gets Ragged bytes and labels) ---------------------
+
+    def nbytes(self, ids: np.ndarray) -> int:
+        return self.raw_nbytes(ids) + 8 * (2 * len(ids) + 1)
+
+    def raw_nbytes(self, ids: np.ndarray) -> int:
+        raise NotImplementedError
+
+    def gather(self, ids: np.ndarray) -> dict[str, Any]:
+        from ._store import Ragged
+
+        ids = self._check(ids)
+        parts = self.payloads(ids)
+        lengths = np.fromiter((len(memoryview(p).cast("B")) for p in parts), np.int64, len(parts))
+        offsets = np.zeros(len(parts) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = np.empty(int(offsets[-1]), np.uint8)
+        for p, a, b in zip(parts, offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
+            values[a:b] = np.frombuffer(p, np.uint8)
+        return {"image": Ragged(values, offsets), "label": self.labels(ids)}
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> ImageRecords:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class FolderImages(ImageRecords):
+    """A raw local image tree, decoded on the fly (labels by first-level folder, see ``scan_tree``).
+
+    The fingerprint hashes the relative paths, sizes and mtimes, so a checkpoint is refused after
+    files were added, removed or rewritten.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, label_mode: str | None = "auto",
+                 require_labels: bool = False) -> None:
+        self.scan = scan_tree(os.fspath(root), label_mode=label_mode,
+                              require_labels=require_labels)
+        if self.scan.note is not None:
+            warnings.warn(self.scan.note, UserWarning, stacklevel=3)
+        self.root = self.scan.root
+        self.classes = self.scan.classes
+        h = hashlib.sha256()
+        for p, s in zip(self.scan.paths, self.scan.sizes.tolist(), strict=True):
+            mt = os.stat(os.path.join(self.root, p)).st_mtime_ns
+            h.update(f"{p}\0{s}\0{mt}\n".encode("utf-8", "surrogateescape"))
+        self._fingerprint = f"folder:{len(self.scan.paths)}:{h.hexdigest()[:16]}"
+
+    def __len__(self) -> int:
+        return len(self.scan.paths)
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def path(self, i: int) -> str:
+        return self.scan.paths[i]
+
+    def payloads(self, ids: np.ndarray) -> list[Any]:
+        out = []
+        for i in self._check(ids).tolist():
+            with open(os.path.join(self.root, self.scan.paths[i]), "rb") as f:
+                out.append(f.read())
+        return out
+
+    def labels(self, ids: np.ndarray) -> np.ndarray:
+        return self.scan.labels[self._check(ids)]
+
+    def raw_nbytes(self, ids: np.ndarray) -> int:
+        return int(self.scan.sizes[self._check(ids)].sum())
+
+    payload_nbytes = raw_nbytes
+
+    def __repr__(self) -> str:
+        return f"FolderImages({self.root!r}, n={len(self)})"
+
+
+class Mx8PackImages(ImageRecords):
+    """An mx8 1.0.7 pack (``_mx8/manifest.tsv`` + ``shards/*.tar`` + ``_mx8/labels.tsv``).
+
+    Manifest rows are read as mx8 does (schema_version=0, five TAB columns, ids contiguous from 0,
+    byte ranges inside tar shards). Shard locations are absolute in mx8 packs; when one does not
+    exist (the pack was copied or moved) ``<pack>/shards/<basename>`` is used, so relocated packs
+    load too. Shards are ``mmap``-ed, so images are zero-copy views. The fingerprint is mx8's
+    manifest hash, ``sha256(manifest.tsv)``.
+    """
+
+    zero_copy = True
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+        mpath = os.path.join(self.root, "_mx8", "manifest.tsv")
+        with open(mpath, "rb") as f:
+            raw = f.read()
+        self.manifest_hash = hashlib.sha256(raw).hexdigest()
+        rows = _parse_manifest(raw.decode("utf-8", "surrogateescape"), mpath)
+        locs: dict[str, int] = {}
+        n = len(rows)
+        self._loc = np.empty(n, np.int32)
+        self._off = np.empty(n, np.int64)
+        self._len = np.empty(n, np.int64)
+        self._labels = np.full(n, -1, np.int64)
+        for i, (loc, off, ln, hint) in enumerate(rows):
+            self._loc[i] = locs.setdefault(loc, len(locs))
+            self._off[i] = -1 if off is None else off
+            self._len[i] = -1 if ln is None else ln
+            label = _hint_label(hint, i)
+            if label is not None:
+                self._labels[i] = label
+        self.locations = [self._resolve(loc) for loc in locs]
+        self._sizes = np.array([os.path.getsize(p) for p in self.locations], np.int64)
+        whole = self._len < 0
+        if whole.any():
+            self._len[whole] = self._sizes[self._loc[whole]]
+            self._off[whole] = 0
+        past = self._off + self._len > self._sizes[self._loc] if n else np.zeros(0, bool)
+        if past.any():
+            bad = np.flatnonzero(past)[:8].tolist()
+            raise CorruptionError(f"mx8 pack {self.root}: byte ranges of records {bad} run past "
+                                  "the end of their shard (truncated shard?)",
+                                  record_ids=bad)
+        lpath = os.path.join(self.root, "_mx8", "labels.tsv")
+        self.classes = read_labels_tsv(lpath) if os.path.isfile(lpath) else None
+        self._maps: dict[int, mmap.mmap | None] = {}
+        self._lock = threading.Lock()
+
+    def _resolve(self, loc: str) -> str:
+        p = loc[7:] if loc.startswith("file://") else loc
+        if not os.path.isabs(p):
+            p = os.path.join(self.root, p)
+        if os.path.isfile(p):
+            return p
+        moved = os.path.join(self.root, "shards", os.path.basename(p))
+        if os.path.isfile(moved):
+            return moved
+        raise FileNotFoundError(f"mx8 pack {self.root}: shard {loc!r} does not exist, nor does "
+                                f"{moved!r} (was the pack moved without its shards/ folder?)")
+
+    def _map(self, li: int) -> mmap.mmap | None:
+        with self._lock:
+            if li not in self._maps:
+                with open(self.locations[li], "rb") as f:
+                    self._maps[li] = (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                                      if self._sizes[li] else None)
+            return self._maps[li]
+
+    def __len__(self) -> int:
+        return len(self._loc)
+
+    @property
+    def fingerprint(self) -> str:
+        return f"mx8:{self.manifest_hash}"
+
+    def path(self, i: int) -> str:
+        return f"{self.locations[self._loc[i]]}[{int(self._off[i])}:+{int(self._len[i])}]"
+
+    def payloads(self, ids: np.ndarray) -> list[Any]:
+        ids = self._check(ids)
+        out: list[Any] = []
+        for li, off, ln in zip(self._loc[ids].tolist(), self._off[ids].tolist(),
+                               self._len[ids].tolist(), strict=True):
+            m = self._map(li)
+            out.append(memoryview(m)[off:off + ln] if m is not None else b"")
+        return out
+
+    def labels(self, ids: np.ndarray) -> np.ndarray:
+        return self._labels[self._check(ids)]
+
+    def raw_nbytes(self, ids: np.ndarray) -> int:
+        return int(self._len[self._check(ids)].sum())
+
+    def payload_nbytes(self, ids: np.ndarray) -> int:
+        return 0
+
+    def close(self) -> None:
+        with self._lock:
+            maps, self._maps = self._maps, {}
+        for m in maps.values():
+            if m is not None:
+                try:
+                    m.close()
+                except BufferError:  # a view is still alive; the GC unmaps it later
+                    pass
+
+    def __repr__(self) -> str:
+        return f"Mx8PackImages({self.root!r}, n={len(self)})"
+
+
+def _parse_manifest(text: str, where: str) -> list[tuple[str, int | None, int | None, str]]:
+    """mx8's canonical manifest TSV (A.5), validated with mx8's messages."""
+    def bad(msg: str) -> CorruptionError:
+        return CorruptionError(f"{where}: indexing parse error: {msg}")
+
+    lines = text.split("\n")
+    header = next((ln for ln in lines if ln.strip() and not ln.startswith("#")), None)
+    if header is None or not header.startswith("schema_version="):
+        raise bad("manifest header missing schema_version")
+    if header.strip() != "schema_version=0":
+        raise bad(f"unsupported {header.strip()}")
+    rows: dict[int, tuple[str, int | None, int | None, str]] = {}
+    seen_header = False
+    for n, line in enumerate(lines, 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        if not seen_header:
+            seen_header = True
+            continue
+        cols = line.rstrip("\r").split("\t")
+        if len(cols) != 5:
+            raise bad(f"line {n}: expected 5 columns (sample_id<TAB>location<TAB>byte_offset"
+                      "<TAB>byte_length<TAB>decode_hint)")
+        sid, loc, off, ln, hint = cols
+        if not loc:
+            raise bad(f"line {n}: location must be non-empty")
+        if bool(off) != bool(ln):
+            raise bad(f"line {n}: byte_offset and byte_length must be set together (both Some "
+                      "or both None)")
+        try:
+            i = int(sid)
+            o = int(off) if off else None
+            length = int(ln) if ln else None
+        except ValueError:
+            raise bad(f"line {n}: sample_id, byte_offset and byte_length must be integers"
+                      ) from None
+        if length is not None and length <= 0:
+            raise bad(f"line {n}: byte_length must be > 0 when byte range is specified")
+        rows[i] = (loc, o, length, hint)
+    for want, got in enumerate(sorted(rows)):
+        if want != got:
+            raise bad(f"manifest invariant violated: expected sample_id {want} but found {got}")
+    return [rows[i] for i in sorted(rows)]
+
+
+def _hint_label(hint: str, i: int) -> int | None:
+    if not hint.startswith("mx8:vision:imagefolder"):
+        return None
+    for part in hint.split(";")[1:]:
+        key, _, value = part.partition("=")
+        if key == "label_id":
+            if not value.isdigit():
+                raise CorruptionError(f"bad imagefolder label_id (sample_id={i}): {value!r}",
+                                      record_ids=[i])
+            return int(value)
+    return None
+
+
+class StoreImages(ImageRecords):
+    """A headrace store made by ``pack_dir`` (fields ``image``, ``label``, ``path``)."""
+
+    zero_copy = True
+
+    def __init__(self, store: Any, *, owned: bool = False) -> None:
+        from ._sources import store_fingerprint
+
+        self.store = store
+        self._owned = owned
+        if "image" not in store.fields:
+            raise ConfigError(f"store {store.path!r} has no 'image' field (fields: "
+                              f"{sorted(store.fields)}); pack images with headrace.pack_dir")
+        self._raw = store.fields["image"].codec == "raw"
+        self.zero_copy = self._raw
+        self._has_label = "label" in store.fields
+        self._has_path = "path" in store.fields
+        labels = store.attrs.get("labels")
+        lpath = os.path.join(store.path, labels) if labels else None
+        self.classes = read_labels_tsv(lpath) if lpath and os.path.isfile(lpath) else None
+        self._fingerprint = store_fingerprint(store)
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def path(self, i: int) -> str:
+        if not self._has_path:
+            return f"{self.store.path}#{i}"
+        return bytes(self.store.record(int(i), "path")).decode("utf-8", "surrogateescape")
+
+    def payloads(self, ids: np.ndarray) -> list[Any]:
+        return list(self.store.views(self._check(ids), "image"))
+
+    def labels(self, ids: np.ndarray) -> np.ndarray:
+        ids = self._check(ids)
+        if not self._has_label:
+            return np.full(len(ids), -1, np.int64)
+        return np.asarray(self.store.gather(ids, ["label"])["label"], np.int64).reshape(-1)
+
+    def raw_nbytes(self, ids: np.ndarray) -> int:
+        return int(self.store.nbytes(self._check(ids), ["image"]))
+
+    def payload_nbytes(self, ids: np.ndarray) -> int:
+        return 0 if self._raw else self.raw_nbytes(ids)
+
+    def close(self) -> None:
+        if self._owned:
+            self.store.close()
+
+    def __repr__(self) -> str:
+        return f"StoreImages({self.store!r})"
+
+
+# -- opening ---------------------------------------------------------------------------------------
+
+
+def is_mx8_pack(data: Any) -> bool:
+    """A directory holding ``_mx8/manifest.tsv``."""
+    return isinstance(data, str | os.PathLike) and os.path.isfile(
+        os.path.join(os.fspath(data), "_mx8", "manifest.tsv"))
+
+
+def is_image_folder(data: Any) -> bool:
+    """A local directory that is neither a headrace store nor an mx8 pack."""
+    if not isinstance(data, str | os.PathLike):
+        return False
+    p = os.fspath(data)
+    return (os.path.isdir(p) and not os.path.isfile(os.path.join(p, "meta.json"))
+            and not is_mx8_pack(p))
+
+
+def open_image_records(data: Any, *, label_mode: str | None = "auto",
+                       require_labels: bool = False) -> ImageRecords:
+    """A store (path or ``Store``), an mx8 pack directory or an image folder as ``ImageRecords``."""
+    if isinstance(data, ImageRecords):
+        return data
+    if type(data).__name__ == "Store" and type(data).__module__ == "headrace._store":
+        return StoreImages(data)
+    if isinstance(data, str | os.PathLike):
+        p = os.fspath(data)
+        if os.path.isfile(os.path.join(p, "meta.json")):
+            from ._store import open as open_store
+
+            return StoreImages(open_store(p), owned=True)
+        if is_mx8_pack(p):
+            return Mx8PackImages(p)
+        if os.path.isdir(p):
+            return FolderImages(p, label_mode=label_mode, require_labels=require_labels)
+        raise FileNotFoundError(f"no such dataset {p!r}: expected a headrace store, an mx8 pack "
+                                "directory or an image folder")
+    raise ConfigError(f"cannot read images from {data!r}: pass a store path or Store, an mx8 pack "
+                      "directory, or an image folder")
+
+
+def _register() -> None:
+    from ._sources import register_source
+
+    register_source("image-folder", is_image_folder,
+                    lambda d, **kw: FolderImages(d, **kw))
+    register_source("mx8-pack", is_mx8_pack, lambda d, **kw: Mx8PackImages(d, **kw))
+
+
+_register()

@@ -1,0 +1,145 @@
+"""``pack_dir``: an image tree -> a headrace store (the encoded bytes as stored, labels, paths).
+
+Streaming: files are read in bounded batches (at most ``_BATCH_BYTES`` or ``_BATCH_FILES`` at a
+time, a few reads ahead on a small thread pool) and appended, so packing 10,000 or 10 million files
+holds one batch of bytes plus the sorted list of paths, never the whole dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import struct
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ._errors import ConfigError, StoreExistsError
+from ._image_sources import scan_tree, write_labels_tsv
+from ._progress import progress as progress_bar
+
+__all__ = ["LABELS_FILE", "pack_dir"]
+
+LABELS_FILE = "_labels.tsv"
+_BATCH_BYTES = 32 << 20
+_BATCH_FILES = 1024
+_READ_THREADS = 4
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _batches(sizes: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) ranges of at most _BATCH_FILES files / _BATCH_BYTES bytes (>= 1 file)."""
+    out, start, acc = [], 0, 0
+    for i, s in enumerate(sizes.tolist()):
+        if i > start and (i - start >= _BATCH_FILES or acc + s > _BATCH_BYTES):
+            out.append((start, i))
+            start, acc = i, 0
+        acc += s
+    if start < len(sizes):
+        out.append((start, len(sizes)))
+    return out
+
+
+def pack_dir(in_dir: str | os.PathLike[str], *, out: str | os.PathLike[str],
+             shard_mb: float = 512, label_mode: str | None = None, require_labels: bool = False,
+             progress: bool | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """Packs the images under ``in_dir`` into a new headrace store at ``out``.
+
+    Every image file (by extension: jpg/jpeg/png/webp/gif/bmp/tif/tiff/pnm...) becomes one record,
+    in byte-wise order of its relative path: ``image`` (the file's bytes, unchanged), ``label``
+    (int64, ``-1`` when unlabeled) and ``path`` (the UTF-8 relative path). Hidden files and files
+    in hidden folders, and non-image files, are skipped and counted in ``skipped``.
+
+    Labels (``label_mode``): ``"imagefolder"`` labels each file by its first-level folder and fails
+    when a file sits directly in ``in_dir``; ``"auto"`` (also ``None``, mx8's default) does the same
+    when the layout is an ImageFolder (one class folder is enough) and otherwise packs unlabeled
+    records, warning why; ``"none"`` packs unlabeled records. Class ids follow the sorted
+    (percent-encoded) names, as mx8 assigns them; the names are written once to ``_labels.tsv``.
+
+    Args:
+        in_dir: the image tree.
+        out: the store directory to create (may sit inside ``in_dir``; it is not walked).
+        shard_mb: bound on one chunk file of the store in MiB (mx8's shard size).
+        label_mode: ``"imagefolder"``, ``"auto"``/``None`` or ``"none"``.
+        require_labels: fail, listing the offending files, unless every file gets a label.
+        progress: a progress bar on stderr (``None``: only on a terminal).
+        overwrite: replace an existing headrace store at ``out`` (never any other directory).
+
+    Returns:
+        ``{"samples", "chunks", "shards" (= chunks), "labels_path" (or None), "classes",
+        "dataset_hash", "skipped": {"hidden", "non_image"}, "labels_note", "path"}``.
+        ``dataset_hash`` is the sha256 over every record's (length, label, path length, path,
+        bytes) in order: the same on every machine for the same files and labels.
+
+    Raises:
+        ConfigError: bad ``label_mode``/``shard_mb``, no image files, or missing labels with
+            ``require_labels``/``imagefolder``.
+        StoreExistsError: ``out`` exists and ``overwrite`` is false (or it is not a store).
+    """
+    from ._store import open as open_store
+    from ._writer import create
+
+    if not isinstance(shard_mb, int | float) or not shard_mb > 0:
+        raise ConfigError(f"shard_mb={shard_mb!r} must be > 0 (MiB per chunk file, e.g. 512)")
+    out = os.path.abspath(os.fspath(out))
+    scan = scan_tree(os.fspath(in_dir), label_mode=label_mode, require_labels=require_labels,
+                     exclude=out)
+    if not scan.paths:
+        raise ConfigError(f"input directory {scan.root} produced zero image files (skipped: "
+                          f"{scan.skipped})")
+    if scan.note is not None:
+        warnings.warn(scan.note, UserWarning, stacklevel=2)
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        if not overwrite:
+            raise StoreExistsError(f"pack_dir: {out} exists and is not empty; pass "
+                                   "overwrite=True to replace the store there, or pick a new out")
+        if not os.path.isfile(os.path.join(out, "meta.json")):
+            raise StoreExistsError(f"pack_dir: {out} is not a headrace store; refusing to delete "
+                                   "it even with overwrite=True")
+        shutil.rmtree(out)
+    attrs: dict[str, Any] = {"kind": "images"}
+    if scan.classes is not None:
+        attrs["labels"] = LABELS_FILE
+    digest = hashlib.sha256()
+    fields = {"image": "bytes", "label": "int64", "path": "bytes"}
+    with create(out, fields=fields, chunk_mb=shard_mb, attrs=attrs) as w, \
+            ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="headrace-pack") as pool, \
+            progress_bar(int(scan.sizes.sum()), desc="pack_dir", enabled=progress) as bar:
+        if scan.classes is not None:
+            write_labels_tsv(os.path.join(out, LABELS_FILE), scan.classes)
+        ranges = _batches(scan.sizes)
+        # One batch is read ahead while the previous one is appended: two batches in memory.
+        pending = None
+        for k in range(len(ranges) + 1):
+            nxt = None
+            if k < len(ranges):
+                a, b = ranges[k]
+                nxt = (a, b, pool.map(_read, [os.path.join(scan.root, p)
+                                              for p in scan.paths[a:b]]))
+            if pending is not None:
+                pa, pb, datas = pending
+                blobs = list(datas)
+                paths = [p.encode("utf-8", "surrogateescape") for p in scan.paths[pa:pb]]
+                labels = scan.labels[pa:pb]
+                for blob, path, label in zip(blobs, paths, labels.tolist(), strict=True):
+                    digest.update(struct.pack("<QqQ", len(blob), label, len(path)))
+                    digest.update(path)
+                    digest.update(blob)
+                w.append({"image": blobs, "label": labels, "path": paths})
+                bar.update(sum(len(b) for b in blobs))
+            pending = nxt
+        w.commit()
+    with open_store(out) as st:
+        chunks = len(st.meta.chunks)
+    labels_path = os.path.join(out, LABELS_FILE) if scan.classes is not None else None
+    return {"samples": len(scan.paths), "chunks": chunks, "shards": chunks,
+            "labels_path": labels_path, "classes": scan.classes,
+            "dataset_hash": digest.hexdigest(), "skipped": dict(scan.skipped),
+            "labels_note": scan.note, "path": out}
