@@ -115,9 +115,10 @@ class FaultProxy:
     FAULTS = ("reset", "503", "stall", "truncate")
 
     def __init__(self, upstream_port: int, *, rate: float, seed: int = 0, stall_s: float = 1.5,
-                 faults: tuple[str, ...] = FAULTS) -> None:
+                 faults: tuple[str, ...] = FAULTS, fail_requests: range | None = None) -> None:
         self._upstream = ("127.0.0.1", upstream_port)
         self.rate = rate
+        self._fail_requests = fail_requests  # these request numbers (from 0) always get a fault
         self._faults = faults
         self._stall_s = stall_s
         self._rng = random.Random(seed)
@@ -138,8 +139,10 @@ class FaultProxy:
 
     def _roll(self) -> str | None:
         with self._lock:
+            n = self.requests
             self.requests += 1
-            if self._rng.random() >= self.rate:
+            forced = self._fail_requests is not None and n in self._fail_requests
+            if self._rng.random() >= self.rate and not forced:
                 return None
             fault = self._rng.choice(self._faults)
             self.injected[fault] += 1
