@@ -105,7 +105,7 @@ def test_non_recursive_and_label_errors(folder, ms):
     (folder / "top.bin").write_bytes(b"top")
     src = open_link(str(folder), store=ms, recursive=False)
     assert len(src) == 1 and src.gather(np.array([0]))["key"].tolist() == ["top.bin"]
-    with pytest.raises(ConfigError, match="'top.bin' is not inside a class folder"):
+    with pytest.raises(ConfigError, match=r"'top\.bin' is not inside a class folder"):
         open_link(str(folder), store=ms, labels=True)
     auto = open_link(str(folder), store=ms, label_mode="auto")
     assert auto.classes is None and auto.fields == ["bytes", "key"]
