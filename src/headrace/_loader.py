@@ -547,6 +547,9 @@ class Loader:
         self._counters.sample()
         s = self._counters.snapshot()
         engine = self._engine
+        blocked = engine.ram_blocked_since if engine else None
+        if blocked is not None:  # include a wait still in progress
+            s["ram_wait_seconds"] += time.monotonic() - blocked
         cfg = self._cfg
         status = ("CLOSED" if self._closed else "DONE" if self._exhausted
                   else "RUNNING" if s["delivered_batches_total"] else "WARMING")

@@ -141,6 +141,7 @@ class StoreSource:
                 raise ConfigError(f"unknown fields {unknown}; this store has {names}")
             names = wanted
         self.fields = names
+        self._ragged = sum(1 for f in names if store.fields[f].shape is None)
         self._owned = owned
         self._fingerprint = store_fingerprint(store)
 
@@ -152,7 +153,8 @@ class StoreSource:
         return self._fingerprint
 
     def nbytes(self, ids: np.ndarray) -> int:
-        return int(self.store.nbytes(ids, self.fields))
+        # Ragged fields also allocate their int64 offsets (n + 1 of them).
+        return int(self.store.nbytes(ids, self.fields)) + self._ragged * 8 * (len(ids) + 1)
 
     def gather(self, ids: np.ndarray) -> dict[str, Any]:
         return dict(self.store.gather(ids, self.fields))
