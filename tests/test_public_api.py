@@ -11,7 +11,7 @@ EXPECTED = sorted([
     "RecordTooLargeError", "RemoteError", "SchemaError", "StoreError", "StoreExistsError",
     "StoreFullError", "WriterBusyError", "WriterClosedError", "__version__",
     "FieldSpec", "Ragged", "Store", "Writer", "create", "open", "verify",
-    "resolve", "resolve_manifest_hash",
+    "pack", "resolve", "resolve_manifest_hash",
     "Constraints", "DataLoader", "Loader", "MemoryCapError", "RuntimeConfig", "load", "stats",
     "ImageLoader", "image", "pack_dir",
 ])

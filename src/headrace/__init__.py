@@ -46,6 +46,7 @@ _EXPORTS: dict[str, str] = {
     "image": "_image_loader",
     "load": "_load",
     "open": "_store",
+    "pack": "_pack",
     "pack_dir": "_pack_dir",
     "resolve": "_resolve",
     "resolve_manifest_hash": "_resolve",

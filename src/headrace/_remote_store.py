@@ -188,7 +188,7 @@ class RemoteStore:
         total = 0
         for name in self._pick(fields):
             f = self._fields[name]
-            total += f.rec * len(idx) if f.rec >= 0 else int(f.aux["nbytes"][idx].sum(np.int64))
+            total += f.rec * len(idx) if f.rec >= 0 else int(f.aux["nbytes"][idx].sum(dtype=np.int64))
             ranges = self._plan(f, idx)[0]
             total += sum(e - s for _, s, e in ranges)
         return total
