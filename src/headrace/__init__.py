@@ -34,6 +34,7 @@ _EXPORTS: dict[str, str] = {
     "RecordTooLargeError": "_errors",
     "RemoteError": "_errors",
     "RuntimeConfig": "_config",
+    "Sampler": "_sampler",
     "SchemaError": "_errors",
     "Store": "_store",
     "StoreError": "_errors",

@@ -1,0 +1,348 @@
+"""Samplers: order as a pure function of (mode, seed, N, position), and the loaderx ``Sampler``."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import headrace
+from headrace import ConfigError
+from headrace._sampler import Mode, Sampler, make_order
+
+MODES = [Mode.SEQUENTIAL, Mode.IID, Mode.SHUFFLE]
+
+
+def take(sampler: Sampler, n: int) -> list[list[int]]:
+    return [b.tolist() for b in itertools.islice(sampler, n)]
+
+
+# ---------------------------------------------------------------------------- SEQUENTIAL golden
+
+def test_sequential_is_loaderx_circular_window():
+    s = Sampler(10, 4, Sampler.Mode.SEQUENTIAL)
+    assert take(s, 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 1], [2, 3, 4, 5]]
+    assert take(Sampler(3, 5, Sampler.Mode.SEQUENTIAL), 2) == [[0, 1, 2, 0, 1], [2, 0, 1, 2, 0]]
+    assert take(Sampler(1, 3, 0), 2) == [[0, 0, 0], [0, 0, 0]]
+
+
+def test_next_returns_fresh_int64_arrays():
+    for mode in MODES:
+        s = Sampler(50, 8, mode)
+        a = s.next()
+        b = s.next()
+        assert a.dtype == np.int64 and a.shape == (8,)
+        assert not np.shares_memory(a, b)
+        a[:] = -1  # the caller owns it: the next batch is unaffected
+        assert (s.next() >= 0).all()
+
+
+def test_mode_spellings():
+    for spelled in ("iid", "IID", " Iid ", 1, Mode.IID, np.int64(1)):
+        assert Sampler(10, 2, spelled).mode is Mode.IID
+    assert Sampler(10, 2, "shuffle").mode is Mode.SHUFFLE
+    assert Sampler.Mode.SEQUENTIAL == 0 and Sampler.Mode.IID == 1 and Sampler.Mode.SHUFFLE == 2
+    assert headrace.Sampler is Sampler
+
+
+# ---------------------------------------------------------------------------- determinism
+
+@pytest.mark.parametrize("mode", MODES)
+def test_same_seed_same_stream_different_seed_different_stream(mode):
+    a = take(Sampler(1000, 64, mode, seed=7), 40)
+    assert take(Sampler(1000, 64, mode, seed=7), 40) == a
+    if mode != Mode.SEQUENTIAL:
+        assert take(Sampler(1000, 64, mode, seed=8), 40) != a
+        assert take(Sampler(1000, 64, mode, seed=0), 40) != take(
+            Sampler(1000, 64, mode, seed=2**64 - 1), 40)
+
+
+def test_iid_and_shuffle_streams_are_fixed_across_releases():
+    # Pinned values: a change here breaks every checkpoint in the wild. Update only on purpose.
+    assert make_order("iid", 10, seed=42).range(0, 12).tolist() == [
+        3, 2, 4, 9, 1, 0, 0, 3, 3, 6, 4, 1]
+    o = make_order("shuffle", 10, seed=42)
+    assert sorted(o.range(0, 10).tolist()) == list(range(10))
+    assert o.range(0, 10).tolist() == GOLDEN_SHUFFLE_10
+
+
+GOLDEN_SHUFFLE_10 = [4, 5, 0, 7, 9, 1, 3, 6, 8, 2]
+
+
+def test_shuffle_epochs_differ():
+    o = make_order("shuffle", 1000, seed=1)
+    epochs = [o.range(e * 1000, 1000).tolist() for e in range(5)]
+    assert len({tuple(e) for e in epochs}) == 5
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_seek_equals_advancing(mode):
+    ref = Sampler(97, 10, mode, seed=3)
+    stream = take(ref, 60)
+    s = Sampler(97, 10, mode, seed=3)
+    for step in (0, 59, 13, 14, 1, 40, 0, 33):
+        s.seek(step)
+        assert s.step == step
+        assert take(s, 60 - step) == stream[step:], step
+    s.seek(2**40)  # far ahead is O(1) and exact
+    far = s.next()
+    s.seek(2**40)
+    assert s.next().tolist() == far.tolist()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_state_round_trip(mode):
+    s = Sampler(1234, 32, mode, seed=9, rank=1, world_size=3)
+    take(s, 17)
+    st = s.state()
+    assert all(isinstance(v, int) for v in st.values())
+    assert st["step"] == 17 and st["position"] == (17 * 3 + 1) * 32
+    r = Sampler.from_state(st)
+    assert take(r, 20) == take(s, 20)
+
+
+def test_epoch_of():
+    s = Sampler(100, 30, "shuffle")
+    assert [s.epoch_of(k) for k in range(5)] == [0, 0, 0, 0, 1]
+    assert s.epoch_of() == 0
+    s.seek(10)
+    assert s.epoch_of() == 3
+    w = Sampler(100, 10, "shuffle", rank=1, world_size=4)
+    assert w.epoch_of(2) == ((2 * 4 + 1) * 10) // 100
+
+
+# ---------------------------------------------------------------------------- purity
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("n", [1, 2, 7, 100, 2**20 + 3, 2**40 + 5, 2**63])
+def test_indices_equal_range_pieces(mode, n):
+    o = make_order(mode, n, seed=5)
+    start = 3 * n + 5 if n < 2**20 else 2**30 + 7  # crosses epoch boundaries for small n
+    total = 300
+    whole = o.range(start, total)
+    assert whole.dtype == np.int64
+    assert ((whole >= 0) & (whole < n)).all()
+    pos = np.arange(start, start + total, dtype=np.uint64)
+    assert np.array_equal(o.indices(pos), whole)
+    assert np.array_equal(o.indices(pos.astype(np.int64)), whole)
+    rng = np.random.default_rng(n % 1000)
+    cuts = np.sort(rng.choice(np.arange(1, total), size=9, replace=False)).tolist()
+    parts = [o.range(start + a, b - a) for a, b in itertools.pairwise([0, *cuts, total])]
+    assert np.array_equal(np.concatenate(parts), whole)
+    perm = rng.permutation(total)  # any order, any shape
+    assert np.array_equal(o.indices(pos[perm].reshape(20, 15)), whole[perm].reshape(20, 15))
+    out = np.empty(total, dtype=np.int64)
+    assert o.range(start, total, out=out) is out and np.array_equal(out, whole)
+
+
+def test_indices_spanning_many_epochs_match_range():
+    for n in (2, 3, 5, 64, 1000):
+        o = make_order("shuffle", n, seed=11)
+        whole = o.range(0, 40 * n)  # per-element round keys path
+        for e in range(40):
+            assert sorted(whole[e * n:(e + 1) * n].tolist()) == list(range(n))
+            assert np.array_equal(whole[e * n:(e + 1) * n], o.range(e * n, n))
+        pos = np.random.default_rng(n).integers(0, 40 * n, size=500)
+        assert np.array_equal(o.indices(pos), whole[pos])
+
+
+def test_arithmetic_and_table_round_functions_agree(monkeypatch):
+    import headrace._order as order_mod
+
+    o = make_order("shuffle", 10_007, seed=4)
+    pos = np.arange(20_014, dtype=np.uint64)
+    expected = o.indices(pos)
+    monkeypatch.setattr(order_mod, "_TABLE_MAX_BITS", 0)  # force the per-element arithmetic
+    assert np.array_equal(make_order("shuffle", 10_007, seed=4).indices(pos), expected)
+
+
+# ---------------------------------------------------------------------------- SHUFFLE permutation
+
+SMALL_N = sorted({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 31, 97, 101, 127, 997, 1009}
+                 | {2**k + d for k in range(1, 17) for d in (-1, 0, 1)})
+
+
+@pytest.mark.parametrize("seed", [0, 42, 2**64 - 1])
+def test_shuffle_is_a_permutation(seed):
+    for n in SMALL_N:
+        o = make_order("shuffle", n, seed=seed)
+        for epoch in (0, 1, 12345):
+            got = o.range(epoch * n, n)
+            assert np.array_equal(np.sort(got), np.arange(n)), (n, epoch)
+
+
+def test_shuffle_is_a_permutation_for_a_large_table_free_n():
+    n = 2**29 + 12345  # above the memoized-table size: the per-element arithmetic path
+    o = make_order("shuffle", n, seed=2)
+    # a bijection maps distinct inputs to distinct outputs; check on a big sample + a window
+    rng = np.random.default_rng(0)
+    pos = np.unique(rng.integers(0, n, size=200_000))
+    out = o.indices(pos)
+    assert np.unique(out).size == pos.size and out.min() >= 0 and out.max() < n
+    win = o.range(n - 5000, 10_000)  # across the epoch boundary
+    assert np.unique(win[:5000]).size == 5000 and np.unique(win[5000:]).size == 5000
+
+
+@pytest.mark.parametrize("n", [2**63 - 25, 2**63, 2**62 + 1, 10**18])
+def test_shuffle_huge_n_spot_checks(n):
+    o = make_order("shuffle", n, seed=7)
+    rng = np.random.default_rng(1)
+    pos = np.unique(np.concatenate([
+        rng.integers(0, 2**62, size=20_000, dtype=np.int64).astype(np.uint64) * np.uint64(2)
+        % np.uint64(n),
+        np.arange(1000, dtype=np.uint64), np.uint64(n) - np.arange(1, 1001, dtype=np.uint64)]))
+    out = o.indices(pos)
+    assert np.unique(out).size == pos.size
+    assert out.min() >= 0 and (out.view(np.uint64) < np.uint64(n)).all()
+    nxt = o.indices(pos + np.uint64(n))  # epoch 1 at the same offsets
+    assert np.unique(nxt).size == pos.size and not np.array_equal(nxt, out)
+
+
+# ---------------------------------------------------------------------------- statistics
+
+def test_shuffle_positions_not_correlated_across_epochs():
+    n = 100_000
+    o = make_order("shuffle", n, seed=123)
+    perms = [o.range(e * n, n).astype(np.float64) for e in range(4)]
+    ident = np.arange(n, dtype=np.float64)
+    bound = 4 / np.sqrt(n)  # |r| of two independent permutations ~ N(0, 1/n): 4 sigma
+    for a, b in itertools.pairwise(perms):
+        assert abs(np.corrcoef(a, b)[0, 1]) < bound  # values are ranks: Pearson == Spearman
+    for p in perms:
+        assert abs(np.corrcoef(p, ident)[0, 1]) < bound  # and not correlated with the position
+        # neighbouring positions land far apart (no runs): mean |p[i+1]-p[i]| ~ n/3
+        gap = np.abs(np.diff(p)).mean()
+        assert abs(gap - n / 3) < 0.02 * n
+
+
+def test_shuffle_where_index_zero_lands_is_uniform():
+    # For many seeds, the slot where record 0 lands (over N=50 slots) should be uniform.
+    n, seeds = 50, 5000
+    slots = np.empty(seeds, dtype=np.int64)
+    for s in range(seeds):
+        slots[s] = int(np.flatnonzero(make_order("shuffle", n, seed=s).range(0, n) == 0)[0])
+    counts = np.bincount(slots, minlength=n)
+    expected = seeds / n
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    assert chi2 < 100  # 49 degrees of freedom: the 99.999th percentile is ~ 100
+
+
+def test_shuffle_epoch_pairs_are_uniform():
+    # Over epochs of one seed, the pair (slot of record 0, slot of record 1) is uniform-ish.
+    n, epochs = 20, 4000
+    o = make_order("shuffle", n, seed=99)
+    first = o.range(0, n * epochs).reshape(epochs, n)
+    slot0 = np.argmax(first == 0, axis=1)
+    counts = np.bincount(slot0, minlength=n)
+    chi2 = ((counts - epochs / n) ** 2 / (epochs / n)).sum()
+    assert chi2 < 60  # 19 degrees of freedom
+
+
+@pytest.mark.parametrize("n", [10, 1000, 2**20, 2**20 + 1, 3 * 2**40 + 1])
+def test_iid_is_uniform(n):
+    o = make_order("iid", n, seed=2024)
+    draws = o.range(12345, 400_000)
+    assert draws.min() >= 0 and draws.max() < n
+    bins = 100 if n >= 100 else n
+    counts = np.bincount((draws * bins // n) if n < 2**40 else
+                         (draws // -(-n // bins)), minlength=bins)
+    expected = draws.size / bins
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    assert chi2 < bins + 6 * np.sqrt(2 * bins)  # mean bins-1, sd sqrt(2(bins-1))
+    # consecutive draws are not correlated
+    assert abs(np.corrcoef(draws[:-1].astype(float), draws[1:].astype(float))[0, 1]) < 0.01
+
+
+def test_iid_low_bits_are_uniform():
+    # both 32-bit halves of each hash are used for small N: check parity and each half separately
+    draws = make_order("iid", 1024, seed=1).range(0, 200_000)
+    for half in (draws[0::2], draws[1::2]):
+        assert abs((half & 1).mean() - 0.5) < 0.01
+        counts = np.bincount(half, minlength=1024)
+        chi2 = ((counts - half.size / 1024) ** 2 / (half.size / 1024)).sum()
+        assert chi2 < 1024 + 6 * np.sqrt(2048)
+
+
+# ---------------------------------------------------------------------------- rank sharding
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_ranks_partition_the_single_rank_stream(mode, world):
+    n, b, steps = 101, 7, 30
+    single = take(Sampler(n, b, mode, seed=4), steps * world)
+    per_rank = [take(Sampler(n, b, mode, seed=4, rank=r, world_size=world), steps)
+                for r in range(world)]
+    for k in range(steps):
+        for r in range(world):
+            assert per_rank[r][k] == single[k * world + r]
+    if mode == Mode.SHUFFLE:  # within one epoch, the ranks' batches are disjoint
+        o = make_order(mode, n, seed=4)
+        flat = [i for k in range(steps) for r in range(world) for i in per_rank[r][k]]
+        assert flat == o.range(0, steps * world * b).tolist()
+        first_epoch = flat[:n]
+        assert sorted(first_epoch) == list(range(n))
+
+
+def test_small_batch_blocks_do_not_change_the_stream():
+    # next() computes small batches in blocks; seeks and block borders must not show
+    for mode in MODES:
+        o = make_order(mode, 5000, seed=6)
+        s = Sampler(5000, 100, mode, seed=6)
+        for step in (0, 1, 81, 82, 163, 5, 500):
+            s.seek(step)
+            assert s.next().tolist() == o.range(step * 100, 100).tolist()
+
+
+# ---------------------------------------------------------------------------- validation
+
+def test_validation_errors():
+    with pytest.raises(ConfigError, match=r"Sampler length must be >= 1, got 0: the dataset is empty"):
+        Sampler(0, 4, Sampler.Mode.SEQUENTIAL)
+    with pytest.raises(ConfigError, match="batch_size must be >= 1, got 0"):
+        Sampler(10, 0, Sampler.Mode.IID)
+    with pytest.raises(ConfigError, match=r"length must be in 1\.\."):
+        Sampler(-1, 4, 1)
+    with pytest.raises(ConfigError, match="batch_size"):
+        Sampler(10, -4, 1)
+    with pytest.raises(ConfigError, match="unknown sampler mode 7"):
+        Sampler(10, 4, 7)
+    with pytest.raises(ConfigError, match="unknown sampler mode 'random'"):
+        Sampler(10, 4, "random")
+    with pytest.raises(ConfigError, match=r"seed must be in 0\.\.18446744073709551615, got -1"):
+        Sampler(10, 4, 1, seed=-1)
+    with pytest.raises(ConfigError, match="seed"):
+        Sampler(10, 4, 1, seed=2**64)
+    with pytest.raises(ConfigError, match=r"2\*\*63"):
+        Sampler(2**63 + 1, 4, Sampler.Mode.SHUFFLE)
+    with pytest.raises(ConfigError, match="rank"):
+        Sampler(10, 4, 1, rank=2, world_size=2)
+    with pytest.raises(ConfigError, match="world_size"):
+        Sampler(10, 4, 1, world_size=0)
+    with pytest.raises(ConfigError, match="step"):
+        Sampler(10, 4, 1).seek(-1)
+    with pytest.raises(ConfigError, match="positions must be >= 0"):
+        make_order("iid", 10).indices(np.array([3, -1]))
+    with pytest.raises(ConfigError, match="positions"):
+        make_order("iid", 10).range(-1, 3)
+    for bad in (True, 10.0, "10", None):
+        with pytest.raises(TypeError):
+            Sampler(bad, 4, 1)
+        with pytest.raises(TypeError):
+            Sampler(10, bad, 1)
+    with pytest.raises(TypeError):
+        Sampler(10, 4, 1, seed=1.5)
+    with pytest.raises(TypeError):
+        Sampler(10, 4, True)
+    with pytest.raises(TypeError):
+        Sampler(10, 4, 1.0)
+    with pytest.raises(TypeError):
+        make_order("iid", 10).indices(np.array([1.0]))
+    assert issubclass(ConfigError, ValueError)
+
+
+def test_repr_and_properties():
+    s = Sampler(10, 4, "shuffle", 3, rank=1, world_size=2)
+    assert (s.length, s.batch_size, s.seed, s.rank, s.world_size, s.step) == (10, 4, 3, 1, 2, 0)
+    assert "SHUFFLE" in repr(s) and "seed=3" in repr(s)
+    assert s.order.mode is Mode.SHUFFLE and s.position_of(2) == (2 * 2 + 1) * 4
