@@ -8,8 +8,7 @@ import pytest
 import headrace
 from _loader_util import headrace_threads, wait_for
 from headrace import ConfigError, LoaderError
-from headrace._dataset import Dataset
-from headrace._order import Mode, make_order
+from headrace._order import make_order
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,14 +44,14 @@ def test_iid_order_is_the_same_for_any_number_of_workers():
 def test_headrace_datasets_and_transform(tmp_path):
     np.save(tmp_path / "x.npy", DATA)
     np.save(tmp_path / "y.npy", LABELS)
-    x = Dataset(tmp_path / "x.npy")
-    y = Dataset(tmp_path / "y.npy")
+    x = headrace.Dataset(tmp_path / "x.npy")
+    y = headrace.Dataset(tmp_path / "y.npy")
 
     def transform(pair):
         data, label = pair
         return data * 2, label + 1
 
-    with headrace.DataLoader(x, y, batch_size=10, mode=Mode.SEQUENTIAL,
+    with headrace.DataLoader(x, y, batch_size=10, mode=headrace.Sampler.Mode.SEQUENTIAL,
                              transform=transform) as ld:
         b = next(ld)
         token = ld.checkpoint()
