@@ -1,0 +1,7 @@
+"""``python -m headrace`` is the ``headrace`` command line."""
+
+import sys
+
+from headrace._cli import main
+
+sys.exit(main())
