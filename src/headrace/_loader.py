@@ -2,14 +2,14 @@
 
 Pipeline (one direction)::
 
-    dispatcher thread ──tasks──▶ worker threads ──results──▶ reorder buffer ──▶ consumer next()
-    (plan → ids → nbytes →        (gather + transform,       (dict keyed by      (in batch order,
-     window, RAM, budget)          GIL released in NumPy)     batch number)        releases budget)
+    worker threads, each in turn:                          reorder buffer ──▶ consumer next()
+    [dispatch lock: plan → ids → nbytes → window, RAM, budget]  (dict keyed by   (in batch order,
+    then, in parallel: gather + transform (GIL released)         batch number)     releases budget)
 
 Invariants:
 
 * Batch ``k`` is dispatched only after ``k - delivered < window`` and after its bytes are reserved
-  in the budget; the dispatcher reserves in batch order. The batch the consumer waits for is
+  in the budget; reservations happen in batch order (one dispatching worker at a time). The batch the consumer waits for is
   therefore always dispatched or dispatchable (everything before it was delivered and released),
   so the loader cannot deadlock on its own cap.
 * Delivered batches belong to the consumer and are not counted: the budget is released in
@@ -22,7 +22,6 @@ Invariants:
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 import weakref
@@ -46,6 +45,7 @@ Transform = Callable[[dict[str, Any], np.ndarray], Any]
 _TAILS = ("partial", "drop", "pad")
 _JOIN_TIMEOUT_S = 10.0
 _RAM_POLL_S = 0.005
+_RAM_SAMPLE_AGE_S = 0.01  # reuse a memory sample this young when far from the RAM cap
 _RAM_WAIT_S = 5.0  # how long next() waits on an over-cap process before raising MemoryCapError
 
 
@@ -140,7 +140,14 @@ class _Result:
 
 
 class _Engine:
-    """The threads and the state they share. Knows nothing of the ``Loader`` object."""
+    """The worker threads and the state they share. Knows nothing of the ``Loader`` object.
+
+    Workers dispatch for themselves: under ``dispatch_lock`` one worker at a time takes the next
+    step of the plan, computes its ids and bytes, waits for window, RAM and budget, and only then
+    releases the lock and gathers. Reservation is therefore in batch order (no deadlock, see the
+    module docstring) while gathers and transforms run in parallel. One hand-off per batch
+    (worker -> consumer) keeps the per-batch overhead low.
+    """
 
     def __init__(self, *, source: Source, order: Order | None, offset: int, steps: Iterator[_Step],
                  transform: Transform | None, transform_nbytes: Callable[[int], int] | None,
@@ -154,23 +161,23 @@ class _Engine:
         self.window = cfg.window_batches
         self.budget = budget
         self.counters = counters
-        self.cv = threading.Condition(threading.Lock())
+        self.lock = threading.Lock()
+        self.ready_cv = threading.Condition(self.lock)  # the consumer waits here
+        self.space_cv = threading.Condition(self.lock)  # the dispatching worker waits here
+        self.dispatch_lock = threading.Lock()
         self.ready: dict[int, _Result] = {}
         self.next_dispatch = 0
         self.next_deliver = 0
         self.end_k: int | None = None
         self.closed = False
         self.ram_blocked_since: float | None = None
-        self.tasks: queue.SimpleQueue[_Result | None] = queue.SimpleQueue()
         self._steps = steps
-        self.threads = [threading.Thread(target=self._dispatch, name="headrace-dispatch",
-                                         daemon=True)]
-        self.threads += [threading.Thread(target=self._work, name=f"headrace-worker-{i}",
-                                          daemon=True) for i in range(cfg.threads)]
+        self.threads = [threading.Thread(target=self._work, name=f"headrace-worker-{i}",
+                                         daemon=True) for i in range(cfg.threads)]
         for t in self.threads:
             t.start()
 
-    # -- dispatcher ------------------------------------------------------------------------------
+    # -- dispatch (one worker at a time, under dispatch_lock) ------------------------------------
 
     def _ids(self, step: _Step) -> np.ndarray:
         assert self.order is not None
@@ -183,32 +190,39 @@ class _Engine:
     def _wait_ram(self, nbytes: int) -> bool:
         """Pause while the process's counted RSS plus this batch would pass the RAM cap."""
         cap = self.cfg.max_ram_bytes
-        if self.counters.sample().counted_bytes + nbytes <= cap:
+        if self.counters.sample(max_age_s=_RAM_SAMPLE_AGE_S).counted_bytes + nbytes <= cap:
             return True
         start = time.monotonic()
-        with self.cv:
+        with self.lock:
             self.ram_blocked_since = start
-            self.cv.notify_all()
+            self.ready_cv.notify_all()
         try:
             while not self.closed:
                 if self.counters.sample().counted_bytes + nbytes <= cap:
                     return True
-                with self.cv:
-                    self.cv.wait(_RAM_POLL_S)
+                with self.lock:
+                    self.space_cv.wait(_RAM_POLL_S)
             return False
         finally:
-            with self.cv:
+            with self.lock:
                 self.ram_blocked_since = None
             self.counters.ram_wait_s += time.monotonic() - start
 
-    def _dispatch(self) -> None:
-        k = 0
-        for step in self._steps:
-            with self.cv:
-                while not self.closed and k - self.next_deliver >= self.window:
-                    self.cv.wait()
-                if self.closed:
-                    return
+    def _next_task(self) -> _Result | None:
+        """Reserve the next batch (window, RAM, budget, in batch order); None = stop working."""
+        with self.dispatch_lock:
+            with self.lock:
+                k = self.next_dispatch
+                while not self.closed and self.end_k is None and k - self.next_deliver >= self.window:
+                    self.space_cv.wait()
+                if self.closed or self.end_k is not None:
+                    return None
+            step = next(self._steps, None)
+            if step is None:
+                with self.lock:
+                    self.end_k = k
+                    self.ready_cv.notify_all()
+                return None
             ids = np.empty(0, np.int64)
             try:
                 ids = self._ids(step)
@@ -218,22 +232,18 @@ class _Engine:
                 self.budget.check_fits(nbytes, what=f"batch {k} ({len(ids)} records)")
             except BaseException as e:
                 self._post(_Result(k, ids, 0, step.after, error=e, where="dispatcher"))
-                return
+                return None
             if not self._wait_ram(nbytes) or not self.budget.acquire(nbytes):
-                return  # closed while waiting
-            with self.cv:
+                return None  # closed while waiting
+            with self.lock:
                 self.next_dispatch = k + 1
-            self.tasks.put(_Result(k, ids, nbytes, step.after))
-            k += 1
-        with self.cv:
-            self.end_k = k
-            self.cv.notify_all()
+            return _Result(k, ids, nbytes, step.after)
 
     # -- workers ---------------------------------------------------------------------------------
 
     def _work(self) -> None:
         while True:
-            task = self.tasks.get()
+            task = self._next_task()
             if task is None:
                 return
             try:
@@ -247,19 +257,21 @@ class _Engine:
             self._post(task)
 
     def _post(self, result: _Result) -> None:
-        with self.cv:
+        with self.lock:
             self.ready[result.k] = result
             if len(self.ready) > self.counters.queue_high_water:
                 self.counters.queue_high_water = len(self.ready)
             if result.error is not None and result.where == "dispatcher":
-                self.end_k = result.k + 1
-            self.cv.notify_all()
+                self.end_k = result.k + 1  # nothing after a failed dispatch
+                self.space_cv.notify_all()
+            if result.k == self.next_deliver or self.end_k is not None:
+                self.ready_cv.notify()
 
     # -- consumer --------------------------------------------------------------------------------
 
     def take(self, ram_wait_s: float) -> _Result | None:
         """The next batch in order, or None at the end / after close."""
-        with self.cv:
+        with self.lock:
             k = self.next_deliver
             while k not in self.ready:
                 if self.closed or (self.end_k is not None and k >= self.end_k):
@@ -276,12 +288,12 @@ class _Engine:
                             f"max_process_rss_bytes {self.cfg.max_ram_bytes} and no batch is in "
                             "flight; free batches the program holds, or raise ram_gb / "
                             "Constraints(max_ram_bytes=...)")
-                    self.cv.wait(_RAM_POLL_S * 10)
+                    self.ready_cv.wait(_RAM_POLL_S * 10)
                 else:
-                    self.cv.wait()
+                    self.ready_cv.wait()
             result = self.ready.pop(k)
             self.next_deliver = k + 1
-            self.cv.notify_all()
+            self.space_cv.notify()
         self.budget.release(result.nbytes)
         return result
 
@@ -293,19 +305,18 @@ class _Engine:
 
     def shutdown(self) -> None:
         """Stop and join the threads (idempotent; safe from any thread and from a finalizer)."""
-        with self.cv:
+        with self.lock:
             if self.closed:
                 return
             self.closed = True
-            self.cv.notify_all()
+            self.ready_cv.notify_all()
+            self.space_cv.notify_all()
         self.budget.close()
-        for _ in range(self.cfg.threads):
-            self.tasks.put(None)
         me = threading.current_thread()
         for t in self.threads:
             if t is not me and t.is_alive():
                 t.join(_JOIN_TIMEOUT_S)
-        with self.cv:
+        with self.lock:
             self.ready.clear()
 
 

@@ -83,10 +83,18 @@ class LoaderCounters:
         self.rss_high_water = 0
         self.counted_high_water = 0
         self.payloads: deque[int] = deque(maxlen=_PAYLOAD_WINDOW)
+        self._last: MemorySample | None = None
+        self._last_at = 0.0
         self.sample()
 
-    def sample(self) -> MemorySample:
+    def sample(self, *, max_age_s: float = 0.0) -> MemorySample:
+        """Read memory now, or reuse the last reading if it is younger than ``max_age_s``."""
+        now = time.monotonic()
+        last = self._last
+        if max_age_s > 0 and last is not None and now - self._last_at < max_age_s:
+            return last
         m = sample_memory()
+        self._last, self._last_at = m, now
         with self._lock:
             self.rss_bytes = m.rss_bytes
             self.page_cache_bytes = m.page_cache_bytes
