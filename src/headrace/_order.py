@@ -395,13 +395,16 @@ class _Shuffle(Order):
         tmp = np.empty_like(lo)
         hi_u, tmp_u, b = hi.view(np.uint64), tmp.view(np.uint64), np.uint64(self._b)
         for i, t in enumerate(tables):
+            # indices are always in range: mode="wrap" only skips the bounds checks
             if i % 2 == 0:
-                t.take(hi, mode="wrap", out=tmp)  # indices are in range: "wrap" skips the checks
+                t.take(hi, mode="wrap", out=tmp)
                 lo ^= tmp
             else:
                 t.take(lo, mode="wrap", out=tmp)
                 hi += tmp
-                np.subtract(hi_u, b, out=tmp_u)  # wraps when hi < b: the unsigned min picks hi
+                # branch-free mod b: hi - b wraps past 2**63 when hi < b, so the unsigned min
+                # picks hi then (np.remainder or out-of-range "wrap" indices cost far more)
+                np.subtract(hi_u, b, out=tmp_u)
                 np.minimum(hi_u, tmp_u, out=hi_u)
         hi <<= self._ka
         hi |= lo
