@@ -79,7 +79,7 @@ def test_record_too_large(tmp_path, monkeypatch):
 
 def test_not_a_store_and_missing(tmp_path):
     (tmp_path / "d").mkdir()
-    with pytest.raises(headrace.NotAStoreError, match="no meta.json"):
+    with pytest.raises(headrace.NotAStoreError, match=r"no meta\.json"):
         headrace.open(tmp_path / "d")
     with pytest.raises(headrace.NotAStoreError, match="no such directory"):
         headrace.open(tmp_path / "missing")
@@ -100,7 +100,7 @@ def test_newer_format_version(tmp_path):
     for call in (lambda: headrace.open(tmp_path / "s"),
                  lambda: headrace.open(tmp_path / "s", mode="a"),
                  lambda: headrace.verify(tmp_path / "s")):
-        with pytest.raises(headrace.FormatVersionError, match="version 7.*upgrade headrace"):
+        with pytest.raises(headrace.FormatVersionError, match=r"version 7.*upgrade headrace"):
             call()
 
 
@@ -110,9 +110,9 @@ def test_meta_json_garbage(tmp_path):
     for garbage in (b"\x00\xffnot json", good[: len(good) // 2],
                     good.replace(b'"length": 4', b'"length": -4')):
         (tmp_path / "s" / "meta.json").write_bytes(garbage)
-        with pytest.raises(headrace.CorruptionError, match="meta.json"):
+        with pytest.raises(headrace.CorruptionError, match=r"meta\.json"):
             headrace.open(tmp_path / "s")
-        with pytest.raises(headrace.CorruptionError, match="meta.json"):
+        with pytest.raises(headrace.CorruptionError, match=r"meta\.json"):
             headrace.open(tmp_path / "s", mode="a")
         report = headrace.verify(tmp_path / "s")
         assert not report.ok and "meta.json" in report.problems[0]
