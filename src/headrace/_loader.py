@@ -229,12 +229,15 @@ class _Engine:
                 nbytes = int(self.source.nbytes(ids))
                 if self.transform_nbytes is not None:
                     nbytes += int(self.transform_nbytes(len(ids)))
+                if nbytes < 0:
+                    raise ConfigError(f"batch {k} would need {nbytes} bytes; source.nbytes and "
+                                      "transform_nbytes must return sizes >= 0")
                 self.budget.check_fits(nbytes, what=f"batch {k} ({len(ids)} records)")
-            except BaseException as e:
+                if not self._wait_ram(nbytes) or not self.budget.acquire(nbytes):
+                    return None  # closed while waiting
+            except BaseException as e:  # posted in order: the consumer raises it at batch k
                 self._post(_Result(k, ids, 0, step.after, error=e, where="dispatcher"))
                 return None
-            if not self._wait_ram(nbytes) or not self.budget.acquire(nbytes):
-                return None  # closed while waiting
             with self.lock:
                 self.next_dispatch = k + 1
             return _Result(k, ids, nbytes, step.after)
@@ -383,6 +386,9 @@ class Loader:
     Raises:
         ConfigError: a bad knob, or a cap smaller than one batch (the message says the minimum).
         CheckpointError: ``resume`` was taken on other data, seed, order or batch size.
+
+    One thread consumes a loader (``next()`` is not meant to be called from several threads at
+    once); any number of worker threads produce for it.
     """
 
     def __init__(self, source: Any, *, batch: int = 256, order: Any = "sequential",
