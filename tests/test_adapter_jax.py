@@ -69,31 +69,36 @@ def test_flax_optax_steps_on_device_batches_reduce_loss(store_path: Path) -> Non
     sharding = SingleDeviceSharding(device)
     model = MLP(nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    # The functional form (split once, jax.jit a pure step) keeps per-step Python overhead small.
+    graphdef, state = nnx.split((model, optimizer))
 
-    @nnx.jit
-    def train_step(model: MLP, optimizer: nnx.Optimizer, x: jax.Array, y: jax.Array) -> jax.Array:
+    @jax.jit
+    def train_step(state: nnx.State, x: jax.Array, y: jax.Array) -> tuple[nnx.State, jax.Array]:
+        model, optimizer = nnx.merge(graphdef, state)
+
         def loss_fn(model: MLP) -> jax.Array:
             logits = model(x)
             return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
         loss, grads = nnx.value_and_grad(loss_fn)(model)
         optimizer.update(model, grads)
-        return loss
+        return nnx.state((model, optimizer)), loss
 
     losses = []
     with headrace.Loader(store_path, batch=100, order="shuffle", seed=1, epochs=None) as loader:
         batches = headrace.jax.iterator(loader, sharding=sharding, prefetch=2)
-        for _, batch in zip(range(80), batches, strict=False):
+        for _, batch in zip(range(50), batches, strict=False):
             assert isinstance(batch["x"], jax.Array)
             assert batch["x"].sharding == sharding
             assert batch["x"].shape == (100, N_FEATURES)
             assert batch["x"].dtype == jnp.float32
             # int64 labels arrive as int32 unless jax_enable_x64 is set (JAX's own rule).
             assert batch["label"].dtype in (jnp.int32, jnp.int64)
-            losses.append(float(train_step(model, optimizer, batch["x"], batch["label"])))
+            state, loss = train_step(state, batch["x"], batch["label"])
+            losses.append(float(loss))
         batches.close()
-    assert len(losses) == 80
-    assert np.mean(losses[-10:]) < 0.6 * np.mean(losses[:5])
+    assert len(losses) == 50
+    assert np.mean(losses[-10:]) < 0.3 * np.mean(losses[:5])
 
 
 @pytest.mark.parametrize("taken", [0, 1, 7, 19, 20])

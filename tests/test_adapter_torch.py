@@ -45,6 +45,16 @@ def assert_same_stream(got: list[dict[str, np.ndarray]], want: list[dict[str, np
             np.testing.assert_array_equal(g[k], w[k])
 
 
+@pytest.fixture
+def one_torch_thread():
+    """A tiny model runs fastest on one intra-op thread, and the CI box is shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
 def test_torch_training_steps_through_a_dataloader_reduce_loss(store_path: Path) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(N_FEATURES, 64), torch.nn.ReLU(),
@@ -53,7 +63,7 @@ def test_torch_training_steps_through_a_dataloader_reduce_loss(store_path: Path)
     ds = headrace.torch.IterableDataset(store_path, batch=100, order="shuffle", seed=1,
                                         epochs=None)
     losses = []
-    for _, batch in zip(range(80), DataLoader(ds, batch_size=None, num_workers=0), strict=False):
+    for _, batch in zip(range(50), DataLoader(ds, batch_size=None, num_workers=0), strict=False):
         assert batch["x"].dtype == torch.float32 and batch["x"].shape == (100, N_FEATURES)
         assert batch["label"].dtype == torch.int64 and batch["label"].shape == (100,)
         loss = torch.nn.functional.cross_entropy(model(batch["x"]), batch["label"])
@@ -62,8 +72,8 @@ def test_torch_training_steps_through_a_dataloader_reduce_loss(store_path: Path)
         optimizer.step()
         losses.append(loss.item())
     ds.close()
-    assert len(losses) == 80
-    assert np.mean(losses[-10:]) < 0.6 * np.mean(losses[:5])
+    assert len(losses) == 50
+    assert np.mean(losses[-10:]) < 0.3 * np.mean(losses[:5])
 
 
 def test_tensors_share_the_loader_arrays(store_path: Path) -> None:
@@ -188,8 +198,11 @@ def test_ragged_fields_become_ragged_tensors(tmp_path: Path) -> None:
 
 def test_worker_processes_are_refused(store_path: Path) -> None:
     ds = headrace.torch.IterableDataset(store_path, batch=100, order="sequential", epochs=1)
+    # spawn: forking a process that runs JAX/loader threads is unsafe (and JAX warns).
+    batches = iter(DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="spawn"))
     with pytest.raises(headrace.ConfigError, match="num_workers=0"):
-        next(iter(DataLoader(ds, batch_size=None, num_workers=1)))
+        next(batches)
+    del batches  # shuts the worker down now rather than at the test's teardown
 
 
 def test_pin_memory(store_path: Path) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -223,8 +223,8 @@ def as_tensors(batch: Mapping[str, Any], *, pin_memory: bool = False,
         value = batch[name]
         if isinstance(value, Ragged):
             # Ragged is annotated for NumPy; the same NamedTuple carries the two tensors here.
-            out[name] = Ragged._make(
-                (_tensor(value.values, pin_memory), _tensor(value.offsets, pin_memory)))
+            out[name] = Ragged(cast(Any, _tensor(value.values, pin_memory)),
+                               cast(Any, _tensor(value.offsets, pin_memory)))
         else:
             out[name] = _tensor(value, pin_memory)
     return out
