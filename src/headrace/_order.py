@@ -3,11 +3,10 @@
 Three modes, all vectorized NumPy and all free of hidden RNG state (a checkpoint is a position):
 
 * ``SEQUENTIAL``: ``p mod N``, loaderx's circular sliding window.
-* ``IID``: uniform draws with replacement. The draw at ``p`` hashes a Weyl counter with the
-  SplitMix64 finalizer (the SplitMix64 generator read at an arbitrary index) and maps the hash to
-  ``[0, N)`` by a multiply-high. For ``N <= 2**20`` one 64-bit hash feeds two positions (32 bits
-  each; relative bias between ids at most ``N / 2**32 <= 2**-12``); above that every position gets
-  its own 64-bit hash (bias at most ``N / 2**64``).
+* ``IID``: uniform draws with replacement: word ``w`` of a PCG64 stream keyed by the seed, reached
+  by jump-ahead, mapped to ``[0, N)`` by a multiply-high. For ``N <= 2**20`` one 64-bit word feeds
+  two positions (32 bits each; relative bias between ids at most ``N / 2**32 <= 2**-12``); above
+  that every position gets its own word (bias at most ``N / 2**64``).
 * ``SHUFFLE``: epoch ``e = p // N`` and ``perm(seed, e)(p mod N)``, where ``perm`` is a balanced
   mixed-radix Feistel network over ``[0, a*b)`` (``a = 2**ceil(bits(N)/2)``, ``b = ceil(N/a)``)
   with cycle-walking (values that land at or past ``N`` are permuted again until they fall
@@ -44,8 +43,8 @@ _S30, _S27, _S31, _S32 = (np.uint64(s) for s in (30, 27, 31, 32))
 _TAG_IID = 0x1D5A_3C1E_8F0B_2A47
 _TAG_SHUFFLE = 0x5B7E_15E5_A4D3_C2B1
 _IID_HALF_MAX = 2**20  # N up to this uses 32-bit draws (two per hash)
-_ROUNDS = 6
-_TABLE_MAX_BITS = 14  # per-round tables of 2**14 int64 = 128 KiB, 6 rounds = 768 KiB an epoch
+_ROUNDS = 4  # Luby-Rackoff's count for a strong PRP; each more round costs ~1/4 more
+_TABLE_MAX_BITS = 14  # per-round tables of <= 2**14 int64 = 128 KiB: <= 512 KiB an epoch
 _BLOCK = 8192  # positions memoized at a time for short ranges
 _EPOCH_GROUPS_MAX = 4  # indices() spanning more epochs than this uses per-element round keys
 _SCALAR_WALK_MAX = 24  # cycle-walk this many strays one by one rather than as arrays
@@ -158,6 +157,10 @@ class Order:
     def __repr__(self) -> str:
         return f"make_order({self.mode.name!r}, {self.length}, seed={self.seed})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickles as its three defining ints; caches and locks are rebuilt empty
+        return (_rebuild, (int(self.mode), self.length, self.seed))
+
     def _iota(self, count: int) -> npt.NDArray[np.int64]:
         """A shared read-only ``arange(count)`` (grown on demand)."""
         a = self._arange
@@ -255,36 +258,45 @@ class _Sequential(Order):
 
 
 class _IID(Order):
+    """Uniform draws with replacement from one PCG64 stream per seed, read by jump-ahead.
+
+    Word ``w`` of the stream is reached with ``PCG64.advance(w)`` (O(log w)), so the draw at any
+    position is a pure function of ``(seed, p)`` while a range costs one ``random_raw`` call: the
+    bits come from one tight C loop rather than a dozen NumPy passes of a hash.
+    """
+
     mode = Mode.IID
 
     def __init__(self, length: int, seed: int) -> None:
         super().__init__(length, seed)
-        self._key = mix64(seed ^ _TAG_IID)
+        key = mix64(seed ^ _TAG_IID)
+        self._pcg_state = (mix64(key) << 64) | mix64(key ^ _GAMMA)
+        self._pcg_inc = (mix64(key + 1) << 65 | mix64(key + 2) << 1 | 1) & (2**128 - 1)
         self._half = length <= _IID_HALF_MAX
         self._n = np.uint64(length)
-        self._weyl = np.zeros(0, dtype=np.uint64)
+        self._bg = np.random.PCG64(0)  # its state is overwritten before every use
+        self._bg_lock = threading.Lock()
 
-    def _weyl_steps(self, count: int) -> npt.NDArray[np.uint64]:
-        """A shared read-only ``arange(count) * GAMMA mod 2**64``."""
-        w = self._weyl
-        if w.shape[0] < count:
-            w = np.arange(max(count, 2 * w.shape[0]), dtype=np.uint64) * np.uint64(_GAMMA)
-            w.flags.writeable = False
-            self._weyl = w
-        return w[:count]
-
-    def _hash_counters(self, c0: int, count: int) -> npt.NDArray[np.uint64]:
-        z = np.add(self._weyl_steps(count), np.uint64((self._key + c0 * _GAMMA) & _M64))
-        return _mix64_inplace(z)
+    def _words(self, w0: int, count: int) -> npt.NDArray[np.uint64]:
+        """Words ``w0 .. w0 + count - 1`` of this seed's PCG64 stream."""
+        with self._bg_lock:
+            bg = self._bg
+            bg.state = {"bit_generator": "PCG64",
+                        "state": {"state": self._pcg_state, "inc": self._pcg_inc},
+                        "has_uint32": 0, "uinteger": 0}
+            if w0:
+                bg.advance(w0)
+            return bg.random_raw(count)
 
     def _range(self, start: int, count: int) -> npt.NDArray[np.int64]:
         if not self._half:
-            return _mulhi(self._hash_counters(start, count), self.length).view(np.int64)
+            return _mulhi(self._words(start, count), self.length).view(np.int64)
+        # two positions per 64-bit word: position 2w is the low half of word w, 2w+1 the high
         off = start & 1
-        z = self._hash_counters(start >> 1, (count + off + 1) >> 1)
+        z = self._words(start >> 1, (count + off + 1) >> 1)
         if _LITTLE:
             r32 = z.view(np.uint32)[off:off + count]
-        else:  # keep the stream identical on big-endian hosts: low word first
+        else:  # keep the stream identical on big-endian hosts: low half first
             r32 = np.empty(2 * z.shape[0], dtype=np.uint32)
             r32[0::2] = z & _M32
             r32[1::2] = z >> _S32
@@ -295,11 +307,16 @@ class _IID(Order):
         return res.view(np.int64)
 
     def _indices(self, p: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        w = p >> np.uint64(1) if self._half else p
+        uniq, inv = np.unique(w, return_inverse=True)
+        z = np.empty(uniq.shape[0], dtype=np.uint64)
+        cuts = (np.flatnonzero(np.diff(uniq) != 1) + 1).tolist()
+        for a, b in zip([0, *cuts], [*cuts, uniq.shape[0]], strict=True):  # one call a run
+            z[a:b] = self._words(int(uniq[a]), b - a)
+        z = z[inv.reshape(-1)]
         if not self._half:
-            z = _mix64_inplace(p * np.uint64(_GAMMA) + np.uint64(self._key))
             return _mulhi(z, self.length).view(np.int64)
-        z = _mix64_inplace((p >> np.uint64(1)) * np.uint64(_GAMMA) + np.uint64(self._key))
-        z >>= (p & np.uint64(1)) * _S32  # odd positions take the high word
+        z >>= (p & np.uint64(1)) * _S32  # odd positions take the high half
         z &= _M32
         z *= self._n
         z >>= _S32
@@ -317,8 +334,8 @@ class _Shuffle(Order):
     """A mixed-radix Feistel network over ``[0, a*b)``, ``a = 2**ka``, with cycle-walking.
 
     An offset ``x`` splits into ``lo = x mod a`` (``ka`` bits) and ``hi = x // a`` in ``[0, b)``,
-    ``b = ceil(N / a)``. Rounds alternate ``lo ^= FA(hi)`` and ``hi = (hi + FB(lo)) mod b``; each
-    is invertible, so the network is a bijection of ``[0, a*b)``. As ``a*b - N < a ~ sqrt(N)``,
+    ``b = ceil(N / a)``. Four rounds alternate ``lo ^= FA(hi)`` and ``hi = (hi + FB(lo)) mod b``;
+    each is invertible, so the network is a bijection of ``[0, a*b)``. As ``a*b - N < a ~ sqrt(N)``,
     cycle-walking (re-permuting the few values that land at or past N) is short for every N,
     unlike a binary Feistel whose domain can be 4x too large.
     """
@@ -390,8 +407,10 @@ class _Shuffle(Order):
 
     def _feistel_tables(self, x: npt.NDArray[np.int64],
                         tables: list[npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
-        lo = x & (self._a - 1)
+        """One pass of the network over ``x`` (consumed: it becomes a scratch buffer)."""
         hi = x >> self._ka
+        lo = x
+        lo &= self._a - 1
         tmp = np.empty_like(lo)
         hi_u, tmp_u, b = hi.view(np.uint64), tmp.view(np.uint64), np.uint64(self._b)
         for i, t in enumerate(tables):
@@ -495,6 +514,10 @@ class _Shuffle(Order):
             return out
         keys = _round_keys(self._key, epochs)
         return self._walk_keys(offs.view(np.uint64), keys, same=False)
+
+
+def _rebuild(mode: int, length: int, seed: int) -> Order:
+    return make_order(mode, length, seed=seed)
 
 
 _MODES: dict[Mode, type[Order]] = {
