@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import threading
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import headrace
 from headrace import ConfigError
@@ -148,6 +151,13 @@ def test_indices_equal_range_pieces(mode, n):
     assert o.range(start, total, out=out) is out and np.array_equal(out, whole)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_empty_requests(mode):
+    o = make_order(mode, 10**6, seed=1)
+    assert o.range(123, 0).shape == (0,) and o.range(123, 0).dtype == np.int64
+    assert o.indices(np.zeros((0, 3), dtype=np.uint64)).shape == (0, 3)
+
+
 def test_indices_spanning_many_epochs_match_range():
     for n in (2, 3, 5, 64, 1000):
         o = make_order("shuffle", n, seed=11)
@@ -157,6 +167,26 @@ def test_indices_spanning_many_epochs_match_range():
             assert np.array_equal(whole[e * n:(e + 1) * n], o.range(e * n, n))
         pos = np.random.default_rng(n).integers(0, 40 * n, size=500)
         assert np.array_equal(o.indices(pos), whole[pos])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_one_order_shared_by_threads(mode):
+    # the loader's workers share one Order: caches and IID's generator must not mix streams
+    n, b = 50_000, 300
+    expected = make_order(mode, n, seed=8).range(0, 64 * b)
+    o = make_order(mode, n, seed=8)
+    got: dict[int, np.ndarray] = {}
+
+    def work(k0: int) -> None:
+        for k in range(k0, 64, 4):
+            got[k] = o.range(k * b, b) if k % 3 else o.indices(np.arange(k * b, k * b + b))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert np.array_equal(np.concatenate([got[k] for k in range(64)]), expected)
 
 
 def test_arithmetic_and_table_round_functions_agree(monkeypatch):
@@ -182,6 +212,17 @@ def test_shuffle_is_a_permutation(seed):
         for epoch in (0, 1, 12345):
             got = o.range(epoch * n, n)
             assert np.array_equal(np.sort(got), np.arange(n)), (n, epoch)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 20_000), seed=st.integers(0, 2**64 - 1), epoch=st.integers(0, 2**40),
+       cut=st.integers(0, 20_000))
+def test_shuffle_permutation_property(n, seed, epoch, cut):
+    o = make_order("shuffle", n, seed=seed)
+    cut = cut % (n + 1)
+    perm = np.concatenate([o.range(epoch * n, cut), o.range(epoch * n + cut, n - cut)])
+    assert np.array_equal(np.sort(perm), np.arange(n))
+    assert np.array_equal(o.indices(np.arange(epoch * n, epoch * n + n, dtype=np.uint64)), perm)
 
 
 def test_shuffle_is_a_permutation_for_a_large_table_free_n():

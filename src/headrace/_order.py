@@ -177,6 +177,8 @@ class Order:
             raise TypeError(f"positions must be an integer array, got dtype {p.dtype}")
         if p.dtype.kind == "i" and p.size and int(p.min()) < 0:
             raise ConfigError(f"positions must be >= 0, got {int(p.min())}")
+        if p.size == 0:
+            return np.zeros(p.shape, dtype=np.int64)
         flat = p.astype(np.uint64, copy=False).ravel()
         return self._indices(flat).reshape(p.shape)
 
@@ -196,7 +198,9 @@ class Order:
             raise ConfigError(
                 f"positions {start}..{start + count} are outside 0..2**64; "
                 "use a start >= 0 and count >= 0")
-        if count <= _BLOCK // 4 and self._memoize and start + 2 * _BLOCK <= 2**64:
+        if count == 0:
+            res = np.zeros(0, dtype=np.int64)
+        elif count <= _BLOCK // 4 and self._memoize and start + 2 * _BLOCK <= 2**64:
             res = self._small_range(start, count)
         else:
             res = self._range(start, count)
