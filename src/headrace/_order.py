@@ -544,6 +544,7 @@ def make_order(mode: Mode | int | str, length: int, *, seed: int = 42) -> Order:
     if isinstance(length, (int, np.integer)) and not isinstance(length, bool) and length == 0:
         raise ConfigError("Sampler length must be >= 1, got 0: the dataset is empty")
     length = check_int("Sampler length", length, 1, MAX_LENGTH,
-                       " (record ids are int64: use at most 2**63 records)")
+                       " (record ids are int64: use at most 2**63 records)" if
+                       isinstance(length, int) and length > MAX_LENGTH else "")
     seed = check_int("seed", seed, 0, MAX_SEED)
     return _MODES[m](length, seed)
