@@ -16,6 +16,7 @@ EXPECTED = sorted([
     "ImageLoader", "image", "pack_dir",
     "Dataset", "pack_arrays",
     "Sampler",
+    "DistributedDataLoader", "MixedLoader", "mix", "run",
 ])
 
 
