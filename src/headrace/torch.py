@@ -115,6 +115,13 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self._live: _CheckpointingLoader | None = None
         self._last_token: bytes | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled for a spawned DataLoader worker (which then refuses to run, see __iter__): a live
+        # loader's threads cannot travel, and the copy does not need them.
+        state = self.__dict__.copy()
+        state["_live"] = None
+        return state
+
     def set_epoch(self, epoch: int) -> None:
         """Sets ``epoch=`` for the loaders built from now on (``DistributedSampler`` spelling)."""
         if self._factory is not None:
