@@ -126,10 +126,11 @@ def _info_run(args: argparse.Namespace) -> int:
     print(f"store        {s['path']}")
     print(f"records      {s['records']}")
     print(f"generation   {s['generation']} (commit {s['commit']})")
-    print(f"chunks       {s['chunks']} (each at most {format_bytes(s['chunk_bytes_max'])})")
+    print(f"chunks       {s['chunks']} (each at most {s['chunk_bytes_max'] / 2**20:g} MiB)")
     print(f"on disk      {format_bytes(s['bytes_on_disk'])}")
+    hint = "; `headrace compact` reclaims the rest" if s["utilization"] < 1 else ""
     print(f"utilization  {s['utilization']:.1%} (live {format_bytes(s['live_bytes'])} of "
-          f"{format_bytes(s['chunk_bytes'])} in chunks; `headrace compact` reclaims the rest)")
+          f"{format_bytes(s['chunk_bytes'])} in chunks{hint})")
     if s["attrs"]:
         print(f"attrs        {json.dumps(s['attrs'])}")
     rows = [["field", "dtype", "shape", "codec", "chunks", "stored", "decoded", "ratio"]]
@@ -296,6 +297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"headrace {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `headrace info x | head`: the reader left; exit quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BAD_DATA
 
 
 if __name__ == "__main__":
