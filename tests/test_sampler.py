@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import pickle
 import threading
 
@@ -69,9 +70,12 @@ def test_iid_and_shuffle_streams_are_fixed_across_releases():
     o = make_order("shuffle", 10, seed=42)
     assert sorted(o.range(0, 10).tolist()) == list(range(10))
     assert o.range(0, 10).tolist() == GOLDEN_SHUFFLE_10
+    assert make_order("shuffle", 10**6, seed=42).range(0, 10).tolist() == GOLDEN_SHUFFLE_1E6
 
 
-GOLDEN_SHUFFLE_10 = [4, 3, 2, 0, 5, 8, 1, 6, 9, 7]
+GOLDEN_SHUFFLE_10 = [0, 6, 7, 3, 5, 1, 2, 9, 8, 4]  # N <= 4096: sorted random keys
+GOLDEN_SHUFFLE_1E6 = [510170, 44950, 155379, 325382, 965334, 116114, 61753, 345602, 315639,
+                      316252]  # larger N: the Feistel network
 
 
 def test_shuffle_epochs_differ():
@@ -190,7 +194,7 @@ def test_one_order_shared_by_threads(mode):
 
 
 def test_arithmetic_and_table_round_functions_agree(monkeypatch):
-    import headrace._order as order_mod
+    import headrace._shuffle as order_mod
 
     o = make_order("shuffle", 10_007, seed=4)
     pos = np.arange(20_014, dtype=np.uint64)
@@ -269,16 +273,51 @@ def test_shuffle_positions_not_correlated_across_epochs():
         assert abs(gap - n / 3) < 0.02 * n
 
 
-def test_shuffle_where_index_zero_lands_is_uniform():
-    # For many seeds, the slot where record 0 lands (over N=50 slots) should be uniform.
-    n, seeds = 50, 5000
+@pytest.mark.parametrize("n", [50, 5000])  # sorted-keys path and Feistel path
+def test_shuffle_where_index_zero_lands_is_uniform(n):
+    # For many seeds, the slot where record 0 lands (in 50 equal bins of slots) is uniform.
+    seeds, bins = 3000, 50
     slots = np.empty(seeds, dtype=np.int64)
     for s in range(seeds):
         slots[s] = int(np.flatnonzero(make_order("shuffle", n, seed=s).range(0, n) == 0)[0])
-    counts = np.bincount(slots, minlength=n)
-    expected = seeds / n
+    counts = np.bincount(slots * bins // n, minlength=bins)
+    expected = seeds / bins
     chi2 = ((counts - expected) ** 2 / expected).sum()
     assert chi2 < 100  # 49 degrees of freedom: the 99.999th percentile is ~ 100
+
+
+def _chi2_over_orders(rows: np.ndarray, n: int) -> tuple[int, float]:
+    codes = rows @ (n ** np.arange(n))  # one integer per order
+    counts = np.unique(codes, return_counts=True)[1]
+    k = math.factorial(n)
+    expected = rows.shape[0] / k
+    return counts.size, float(((counts - expected) ** 2 / expected).sum() + (k - counts.size)
+                              * expected)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7])
+def test_small_shuffle_is_uniform_over_all_orders(n):
+    # tiny N: every one of the N! orders, equally often over epochs and over seeds
+    k = math.factorial(n)
+    rows = make_order("shuffle", n, seed=5).range(0, n * 100 * k).reshape(-1, n)
+    seen, chi2 = _chi2_over_orders(rows, n)
+    assert seen == k and chi2 < (k - 1) + 6 * math.sqrt(2 * (k - 1))
+    if n <= 4:
+        rows = np.array([make_order("shuffle", n, seed=s).range(n, n) for s in range(50 * k)])
+        seen, chi2 = _chi2_over_orders(rows, n)
+        assert seen == k and chi2 < (k - 1) + 6 * math.sqrt(2 * (k - 1))
+
+
+def test_feistel_adjacent_ids_keep_no_trace():
+    # Ids x and x^1 share the high half; a 4-round network keeps their xor difference in the low
+    # half twice as often as chance (seed-dependent, up to 5x). Six rounds must not.
+    n, a = 2**16, 256  # a = b = 256: no cycle-walking
+    x = np.arange(n)
+    ratios = []
+    for seed in range(12):
+        y = make_order("shuffle", n, seed=seed).range(0, n)
+        ratios.append(np.mean(((y ^ y[x ^ 1]) & (a - 1)) == 1) * a)
+    assert 0.85 < np.mean(ratios) < 1.15 and max(ratios) < 1.5
 
 
 def test_shuffle_epoch_pairs_are_uniform():
