@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import headrace
+from headrace import _pack_arrays
 
 CODECS = ["raw", "zstd", "lz4", "deflate"]
 
@@ -78,6 +79,23 @@ def test_npy_files_are_streamed_in_slices(tmp_path, order):
         np.testing.assert_array_equal(got["x"], x)
         np.testing.assert_array_equal(got["y"], y.astype("<i8"))
         assert st.fields["y"].dtype == np.dtype("<i8")
+
+
+def test_memmaps_are_read_from_their_file(tmp_path):
+    x = _images(90)
+    np.save(tmp_path / "x.npy", x)
+    mm = np.load(tmp_path / "x.npy", mmap_mode="r")
+    assert _pack_arrays._source("x", mm).npy_path == str(tmp_path / "x.npy")  # streamed
+    cow = np.load(tmp_path / "x.npy", mmap_mode="c")
+    cow[3] = 7  # a private change: only the map has it, so it must be read from the map
+    assert _pack_arrays._source("x", cow).npy_path is None
+    headrace.pack_arrays(tmp_path / "s", x=mm, y=cow, slice_bytes=500)
+    with headrace.open(tmp_path / "s") as st:
+        got = st.gather(np.arange(90))
+        np.testing.assert_array_equal(got["x"], x)
+        want = x.copy()
+        want[3] = 7
+        np.testing.assert_array_equal(got["y"], want)
 
 
 def test_pathlike_and_list_of_numbers(tmp_path):

@@ -10,6 +10,7 @@ the data still goes through the page cache.
 
 from __future__ import annotations
 
+import mmap
 import os
 import shutil
 import time
@@ -69,6 +70,21 @@ class _Source:
         return out
 
 
+def _from_memmap(name: str, mm: np.memmap, path: str, offset: int) -> _Source:
+    """Streams a file-backed array with ``readinto`` when its rows are contiguous native bytes."""
+    if mm.ndim == 0:
+        raise SchemaError(f"field {name!r}: a 0-d array is not a field; pass shape (N, ...)")
+    dtype = _native(mm.dtype)
+    if mm.dtype != dtype or mm.dtype.hasobject or (mm.ndim > 1 and not mm.flags.c_contiguous):
+        # Byte-swapped or Fortran-ordered: rows are not contiguous little-endian bytes, so
+        # fall back to slicing the map (converted per slice; still bounded per step).
+        return _fixed_source(name, mm)
+    shape = tuple(int(s) for s in mm.shape[1:])
+    row_bytes = int(dtype.itemsize * int(np.prod(shape, dtype=np.int64)))
+    return _Source(name=name, length=int(mm.shape[0]), dtype=dtype, shape=shape,
+                   row_bytes=row_bytes, npy_path=path, npy_offset=offset)
+
+
 def _from_npy(name: str, path: str) -> _Source:
     try:
         mm = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -80,21 +96,10 @@ def _from_npy(name: str, path: str) -> _Source:
             "not supported, pass the loaded array (a list of arrays or bytes) instead") from None
     if not isinstance(mm, np.memmap):
         raise ConfigError(f"field {name!r}: {path!r} is not a single-array .npy file")
-    try:
-        if mm.ndim == 0:
-            raise SchemaError(f"field {name!r}: {path!r} holds a 0-d array; a field needs one "
-                              "entry per record (shape (N, ...))")
-        dtype = _native(mm.dtype)
-        if mm.dtype != dtype or (mm.ndim > 1 and not mm.flags.c_contiguous):
-            # Byte-swapped or Fortran-ordered: rows are not contiguous little-endian bytes, so
-            # fall back to slicing the map (converted per slice; still bounded per step).
-            return _fixed_source(name, mm)
-        shape = tuple(int(s) for s in mm.shape[1:])
-        row_bytes = int(dtype.itemsize * int(np.prod(shape, dtype=np.int64)))
-        return _Source(name=name, length=int(mm.shape[0]), dtype=dtype, shape=shape,
-                       row_bytes=row_bytes, npy_path=path, npy_offset=int(mm.offset))
-    finally:
-        del mm
+    if mm.ndim == 0:
+        raise SchemaError(f"field {name!r}: {path!r} holds a 0-d array; a field needs one entry "
+                          "per record (shape (N, ...))")
+    return _from_memmap(name, mm, path, int(mm.offset))
 
 
 def _native(dtype: np.dtype[Any]) -> np.dtype[Any]:
@@ -160,6 +165,10 @@ def _source(name: str, value: Any) -> _Source:
             raise ConfigError(f"field {name!r}: {path!r} is not a .npy file; pass a NumPy array "
                               "or the path of a .npy file")
         return _from_npy(name, path)
+    if (isinstance(value, np.memmap) and isinstance(value.base, mmap.mmap) and value.filename
+            and value.mode != "c"):  # copy-on-write maps hold changes the file does not
+        # A whole memmap (e.g. np.load(..., mmap_mode="r")): read its file like a .npy path.
+        return _from_memmap(name, value, str(value.filename), int(value.offset))
     if isinstance(value, np.ndarray):
         return _fixed_source(name, value)
     if isinstance(value, list | tuple):
