@@ -188,7 +188,7 @@ def scan_tree(root: str, *, label_mode: str | None = "auto", require_labels: boo
                     "label_mode='none' to silence this")
         else:
             first = [p.split("/", 1)[0] for p in paths]
-            classes = sorted(set(first), key=encode_label)
+            classes = sorted(set(first), key=os.fsencode)  # mx8 1.0.7 assigns ids this way
             cid = {c: i for i, c in enumerate(classes)}
             labels = np.fromiter((cid[c] for c in first), np.int64, len(first))
     return Scan(root, paths, sizes, labels, classes,

@@ -60,8 +60,8 @@ def pack_dir(in_dir: str | os.PathLike[str], *, out: str | os.PathLike[str],
     Labels (``label_mode``): ``"imagefolder"`` labels each file by its first-level folder and fails
     when a file sits directly in ``in_dir``; ``"auto"`` (also ``None``, mx8's default) does the same
     when the layout is an ImageFolder (one class folder is enough) and otherwise packs unlabeled
-    records, warning why; ``"none"`` packs unlabeled records. Class ids follow the sorted
-    (percent-encoded) names, as mx8 assigns them; the names are written once to ``_labels.tsv``.
+    records, warning why; ``"none"`` packs unlabeled records. Class ids follow the byte-wise
+    sorted folder names, as mx8 1.0.7 assigns them; the names are written once to ``_labels.tsv``.
 
     Args:
         in_dir: the image tree.
