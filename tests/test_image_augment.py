@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _images import gradient
 
+from _images import gradient
 from headrace import ConfigError
 from headrace._image_augment import (
     IMAGENET_MEAN,

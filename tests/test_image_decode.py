@@ -15,9 +15,9 @@ import io
 
 import numpy as np
 import pytest
-from _images import cmyk_jpeg, encode, gradient, gray_jpeg, photo
 from PIL import Image
 
+from _images import cmyk_jpeg, encode, gradient, gray_jpeg, photo
 from headrace import DecodeError
 from headrace._image_decode import dct_factor, decode, image_size, resize_into, sniff
 

@@ -8,9 +8,9 @@ import shutil
 import mx8
 import numpy as np
 import pytest
-from _images import encode, gradient, imagefolder, photo, write_tree
 
 import headrace
+from _images import encode, gradient, imagefolder, photo, write_tree
 from headrace import ConfigError, DecodeError
 from headrace._image_decode import decode
 
@@ -47,7 +47,7 @@ def test_store_yields_resized_images_equal_to_reference_decode(tree, store):
     root, paths = tree
     ld = headrace.image(str(store) + "@refresh", batch=5, resize=(32, 40))
     assert ld.classes == ["cat", "dog", "emu"]
-    images, labels, ids = _cat(_run(ld))
+    images, labels, _ids = _cat(_run(ld))
     assert images.shape == (17, 3, 32, 40) and images.dtype == np.float32
     assert labels.tolist() == [0] * 7 + [1] * 6 + [2] * 4
     for i in (0, 9, 16):

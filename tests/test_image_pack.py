@@ -8,11 +8,10 @@ import tracemalloc
 import mx8
 import numpy as np
 import pytest
-from _images import encode, gradient, imagefolder, write_tree
 
 import headrace
-from headrace import ConfigError, StoreExistsError
-from headrace import _pack_dir
+from _images import encode, gradient, imagefolder, write_tree
+from headrace import ConfigError, StoreExistsError, _pack_dir
 from headrace._image_sources import decode_label, encode_label, read_labels_tsv
 
 
@@ -54,7 +53,7 @@ def test_label_modes(tmp_path):
                                                                              "PNG")})
     with pytest.raises(ConfigError, match=r"loose\.png, top\.jpg"):
         headrace.pack_dir(root, out=tmp_path / "o1", label_mode="imagefolder")
-    with pytest.raises(ConfigError, match="top.jpg"):
+    with pytest.raises(ConfigError, match=r"top\.jpg"):
         headrace.pack_dir(root, out=tmp_path / "o2", require_labels=True)
     with pytest.warns(UserWarning, match="not an ImageFolder"):
         res = headrace.pack_dir(root, out=tmp_path / "o3", label_mode="auto")
