@@ -132,7 +132,6 @@ class _Feistel(Order):
         self._b = -(-length // self._a)
         self._memoize = True  # N > SMALL_MAX: a block spans at most a few epochs' tables
         self._tables: dict[int, list[npt.NDArray[np.int64]]] = {}
-        self._lists: dict[int, list[list[int]]] = {}
         self._lock = threading.Lock()
 
     # The round functions, the single definition that the table path (memoized over the whole
@@ -160,26 +159,16 @@ class _Feistel(Order):
                 self._tables[epoch] = tables
         return tables
 
-    def _epoch_lists(self, epoch: int) -> list[list[int]]:
-        lists = self._lists.get(epoch)
-        if lists is None:
-            lists = [t.tolist() for t in self._epoch_tables(epoch)]
-            with self._lock:
-                while len(self._lists) >= 2:
-                    self._lists.pop(next(iter(self._lists)))
-                self._lists[epoch] = lists
-        return lists
-
-    def _walk_scalar(self, y: int, lists: list[list[int]]) -> int:
+    def _walk_scalar(self, y: int, tables: list[npt.NDArray[np.int64]]) -> int:
         """Cycle-walk one value with the memoized round tables (same maths as the arrays)."""
         n, ka, b, mask = self.length, self._ka, self._b, self._a - 1
         while y >= n:
             lo, hi = y & mask, y >> ka
-            for i, t in enumerate(lists):
+            for i, t in enumerate(tables):
                 if i % 2 == 0:
-                    lo ^= t[hi]
+                    lo ^= t.item(hi)
                 else:
-                    hi += t[lo]
+                    hi += t.item(lo)
                     if hi >= b:
                         hi -= b
             y = (hi << ka) | lo
@@ -232,9 +221,8 @@ class _Feistel(Order):
             y = self._feistel_tables(x, tables)
             bad = np.flatnonzero(y >= n)
             if 0 < bad.size <= _SCALAR_WALK_MAX:  # a few strays: cheaper in plain Python
-                lists = self._epoch_lists(epoch)
                 for j in bad.tolist():
-                    y[j] = self._walk_scalar(int(y[j]), lists)
+                    y[j] = self._walk_scalar(int(y[j]), tables)
                 return y
             while bad.size:
                 sub = self._feistel_tables(y[bad], tables)
