@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -277,3 +278,51 @@ def test_two_device_mesh_in_a_subprocess(store_path: Path, tmp_path: Path) -> No
                          timeout=120)
     assert out.returncode == 0, out.stderr[-4000:]
     assert out.stdout.strip().endswith("ok")
+
+
+TWO_PROCESS_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import jax
+
+    rank, port, store = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
+                               process_id=rank)
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import headrace, headrace.jax
+
+    sharding = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), P("data"))
+    kwargs = {"order": "shuffle", "seed": 3, "epochs": None}
+    with headrace.Loader(store, batch=32, rank=rank, world_size=2, **kwargs) as loader:
+        batches = headrace.jax.iterator(loader, sharding=sharding)
+        for _ in range(3):
+            x = next(batches)["x"]
+    assert x.shape == (64, 64) and x.sharding == sharding, (x.shape, x.sharding)
+    (local,) = x.addressable_shards
+    assert local.index[0] == slice(32 * rank, 32 * rank + 32), local.index
+    # The two ranks' batches together are one-process batch 3 of 64, in order.
+    with headrace.Loader(store, batch=64, **kwargs) as loader:
+        for _ in range(3):
+            whole = next(loader)["x"]
+    np.testing.assert_array_equal(np.asarray(local.data), whole[32 * rank:32 * rank + 32])
+    print("ok", rank)
+""")
+
+
+def test_two_processes_build_one_global_array(store_path: Path) -> None:
+    with socket.socket() as sock:  # a free port for JAX's coordinator
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    procs = [subprocess.Popen([sys.executable, "-c", TWO_PROCESS_SCRIPT, str(rank), str(port),
+                               str(store_path)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    for rank, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 0, err[-4000:]
+        assert out.strip().endswith(f"ok {rank}")
