@@ -33,7 +33,7 @@ __all__ = ["SMALL_MAX", "make_shuffle"]
 
 SMALL_MAX = 4096  # N up to this: exact permutations from sorted random keys
 _ROUNDS = 6  # 4 leave a seed-dependent trace (adjacent ids keep their xor difference 2x as often)
-_TABLE_MAX_BITS = 14  # per-round tables of <= 2**14 int64 = 128 KiB: <= 768 KiB an epoch
+_TABLE_MAX_BITS = 14  # tables of <= 13 * 2**14 int64: <= 1.7 MiB an epoch, two kept
 _EPOCH_GROUPS_MAX = 4  # indices() spanning more epochs than this uses per-element round keys
 _SCALAR_WALK_MAX = 24  # cycle-walk this many strays one by one rather than as arrays
 _KEYS_MAX = 1 << 20  # keys sorted at once by the small shuffle (8 MiB)
@@ -146,11 +146,26 @@ class _Feistel(Order):
         return mulhi(z, self._b)  # FB: lo -> [0, b)
 
     def _epoch_tables(self, epoch: int) -> list[npt.NDArray[np.int64]]:
+        """The epoch's round functions as lookup tables, laid out for a reduction-free pass.
+
+        ``hi`` is never reduced mod ``b`` inside the network: after ``j`` hi-rounds it is below
+        ``(j+1)*b``, so the next lo-round's table is ``FA`` repeated ``j+1`` times, and a last
+        table maps the final ``hi`` to ``(hi mod b) << ka`` for the merge. Same function, two
+        fewer vector ops a hi-round.
+        """
         tables = self._tables.get(epoch)
         if tables is None:
             keys = _round_keys(self._key, np.array([epoch], dtype=np.uint64))[:, 0]
-            doms = (np.arange(self._b, dtype=np.uint64), np.arange(self._a, dtype=np.uint64))
-            tables = [self._round_f(i, doms[i % 2], k).view(np.int64) for i, k in enumerate(keys)]
+            dom_hi = np.arange(self._b, dtype=np.uint64)
+            dom_lo = np.arange(self._a, dtype=np.uint64)
+            tables = []
+            for i, k in enumerate(keys):
+                if i % 2 == 0:  # lo-round: indexed by hi < (i//2 + 1) * b
+                    tables.append(np.tile(self._round_f(i, dom_hi, k).view(np.int64), i // 2 + 1))
+                else:
+                    tables.append(self._round_f(i, dom_lo, k).view(np.int64))
+            merge = np.tile(dom_hi.view(np.int64) << self._ka, (len(keys) + 1) // 2 + 1)
+            tables.append(merge)
             for t in tables:
                 t.flags.writeable = False
             with self._lock:  # keep the two most recent epochs (a batch may straddle one)
@@ -161,17 +176,16 @@ class _Feistel(Order):
 
     def _walk_scalar(self, y: int, tables: list[npt.NDArray[np.int64]]) -> int:
         """Cycle-walk one value with the memoized round tables (same maths as the arrays)."""
-        n, ka, b, mask = self.length, self._ka, self._b, self._a - 1
+        n, ka, mask = self.length, self._ka, self._a - 1
+        *rounds, merge = tables
         while y >= n:
             lo, hi = y & mask, y >> ka
-            for i, t in enumerate(tables):
+            for i, t in enumerate(rounds):
                 if i % 2 == 0:
                     lo ^= t.item(hi)
                 else:
                     hi += t.item(lo)
-                    if hi >= b:
-                        hi -= b
-            y = (hi << ka) | lo
+            y = merge.item(hi) | lo
         return y
 
     def _feistel_tables(self, x: npt.NDArray[np.int64],
@@ -181,8 +195,8 @@ class _Feistel(Order):
         lo = x
         lo &= self._a - 1
         tmp = np.empty_like(lo)
-        hi_u, tmp_u, b = hi.view(np.uint64), tmp.view(np.uint64), np.uint64(self._b)
-        for i, t in enumerate(tables):
+        *rounds, merge = tables
+        for i, t in enumerate(rounds):
             # indices are always in range: mode="wrap" only skips the bounds checks
             if i % 2 == 0:
                 t.take(hi, mode="wrap", out=tmp)
@@ -190,13 +204,9 @@ class _Feistel(Order):
             else:
                 t.take(lo, mode="wrap", out=tmp)
                 hi += tmp
-                # branch-free mod b: hi - b wraps past 2**63 when hi < b, so the unsigned min
-                # picks hi then (np.remainder or out-of-range "wrap" indices cost far more)
-                np.subtract(hi_u, b, out=tmp_u)
-                np.minimum(hi_u, tmp_u, out=hi_u)
-        hi <<= self._ka
-        hi |= lo
-        return hi
+        merge.take(hi, mode="wrap", out=tmp)  # (hi mod b) << ka
+        tmp |= lo
+        return tmp
 
     def _feistel_keys(self, x: npt.NDArray[np.uint64],
                       keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
