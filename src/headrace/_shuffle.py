@@ -164,6 +164,8 @@ class _Feistel(Order):
                     tables.append(np.tile(self._round_f(i, dom_hi, k).view(np.int64), i // 2 + 1))
                 else:
                     tables.append(self._round_f(i, dom_lo, k).view(np.int64))
+            # the first round also does the split: x ^ (FA(hi) ^ hi << ka) == (x mod a) ^ FA(hi)
+            tables[0] = tables[0] ^ (dom_hi.view(np.int64) << self._ka)
             merge = np.tile(dom_hi.view(np.int64) << self._ka, (len(keys) + 1) // 2 + 1)
             tables.append(merge)
             for t in tables:
@@ -176,11 +178,12 @@ class _Feistel(Order):
 
     def _walk_scalar(self, y: int, tables: list[npt.NDArray[np.int64]]) -> int:
         """Cycle-walk one value with the memoized round tables (same maths as the arrays)."""
-        n, ka, mask = self.length, self._ka, self._a - 1
+        n, ka = self.length, self._ka
         *rounds, merge = tables
         while y >= n:
-            lo, hi = y & mask, y >> ka
-            for i, t in enumerate(rounds):
+            hi = y >> ka
+            lo = y ^ rounds[0].item(hi)
+            for i, t in enumerate(rounds[1:], 1):
                 if i % 2 == 0:
                     lo ^= t.item(hi)
                 else:
@@ -192,11 +195,12 @@ class _Feistel(Order):
                         tables: list[npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
         """One pass of the network over ``x`` (consumed: it becomes a scratch buffer)."""
         hi = x >> self._ka
-        lo = x
-        lo &= self._a - 1
-        tmp = np.empty_like(lo)
+        tmp = np.empty_like(hi)
         *rounds, merge = tables
-        for i, t in enumerate(rounds):
+        rounds[0].take(hi, mode="wrap", out=tmp)  # the first round, fused with the split
+        lo = x
+        lo ^= tmp
+        for i, t in enumerate(rounds[1:], 1):
             # indices are always in range: mode="wrap" only skips the bounds checks
             if i % 2 == 0:
                 t.take(hi, mode="wrap", out=tmp)
