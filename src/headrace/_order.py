@@ -7,7 +7,7 @@ Three modes, all vectorized and all free of hidden RNG state (a checkpoint is a 
   reached by jump-ahead (:class:`PCGStream`), mapped to ``[0, N)`` by a multiply-high. For
   ``N <= 2**20`` one 64-bit word feeds two positions (32 bits each; relative bias between ids at
   most ``N / 2**32 <= 2**-12``); above that every position gets its own word (bias at most
-  ``N / 2**64``).
+  ``N / 2**53``, exact 128-bit multiply-high above ``2**32``: ``N / 2**64``).
 * ``SHUFFLE``: epoch ``e = p // N`` and ``perm(seed, e)(p mod N)``; see ``_shuffle.py``.
 
 Every function here is a pure function of its arguments; caches only memoize.
@@ -36,11 +36,12 @@ _M32 = np.uint64(2**32 - 1)
 GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's Weyl increment (odd, golden ratio)
 _C1 = np.uint64(0xBF58476D1CE4E5B9)
 _C2 = np.uint64(0x94D049BB133111EB)
-_S30, _S27, _S31, _S32 = (np.uint64(s) for s in (30, 27, 31, 32))
+_S11, _S27, _S30, _S31, _S32 = (np.uint64(s) for s in (11, 27, 30, 31, 32))
 # Domain tags keep the modes' key streams apart for the same seed.
 _TAG_IID = 0x1D5A_3C1E_8F0B_2A47
 TAG_SHUFFLE = 0x5B7E_15E5_A4D3_C2B1
-_IID_HALF_MAX = 2**20  # N up to this uses 32-bit draws (two per hash)
+_IID_HALF_MAX = 2**20  # N up to this uses 32-bit draws (two per 64-bit word)
+_IID_FLOAT_MAX = 2**32  # N up to this maps a word through a float64 product
 BLOCK = 8192  # positions memoized at a time for short ranges
 _LITTLE = sys.byteorder == "little"
 
@@ -307,9 +308,22 @@ class _IID(Order):
         self._half = length <= _IID_HALF_MAX
         self._n = np.uint64(length)
 
+    def _map_full(self, z: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        """One 64-bit word per position into ``[0, N)``."""
+        n = self.length
+        if n > _IID_FLOAT_MAX:
+            return mulhi(z, n).view(np.int64)  # exact 128-bit multiply-high
+        # floor(top 53 bits * N / 2**53): 3 passes instead of mulhi's 7; the product is one IEEE
+        # rounding away from exact, so it may reach N: clamp (relative bias <= N / 2**53)
+        z >>= _S11
+        f = np.multiply(z, n * 2.0**-53)
+        res = f.astype(np.int64)
+        np.minimum(res, n - 1, out=res)
+        return res
+
     def _range(self, start: int, count: int) -> npt.NDArray[np.int64]:
         if not self._half:
-            return mulhi(self._words(start, count), self.length).view(np.int64)
+            return self._map_full(self._words(start, count))
         # two positions per 64-bit word: position 2w is the low half of word w, 2w+1 the high
         off = start & 1
         z = self._words(start >> 1, (count + off + 1) >> 1)
@@ -328,7 +342,7 @@ class _IID(Order):
     def _indices(self, p: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
         z = self._stream.words_at(p >> np.uint64(1) if self._half else p)
         if not self._half:
-            return mulhi(z, self.length).view(np.int64)
+            return self._map_full(z)
         z >>= (p & np.uint64(1)) * _S32  # odd positions take the high half
         z &= _M32
         z *= self._n
