@@ -230,7 +230,7 @@ def test_shuffle_permutation_property(n, seed, epoch, cut):
 
 
 def test_shuffle_is_a_permutation_for_a_large_table_free_n():
-    n = 2**29 + 12345  # above the memoized-table size: the per-element arithmetic path
+    n = 2**31 + 12345  # above the memoized-table size: the per-element arithmetic path
     o = make_order("shuffle", n, seed=2)
     # a bijection maps distinct inputs to distinct outputs; check on a big sample + a window
     rng = np.random.default_rng(0)

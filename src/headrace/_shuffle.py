@@ -33,7 +33,7 @@ __all__ = ["SMALL_MAX", "make_shuffle"]
 
 SMALL_MAX = 4096  # N up to this: exact permutations from sorted random keys
 _ROUNDS = 6  # 4 leave a seed-dependent trace (adjacent ids keep their xor difference 2x as often)
-_TABLE_MAX_BITS = 14  # tables of <= 13 * 2**14 int64: <= 1.7 MiB an epoch, two kept
+_TABLE_MAX_BITS = 15  # N <= 2**30; tables of <= 13 * 2**15 int64: <= 3.4 MiB an epoch, two kept
 _EPOCH_GROUPS_MAX = 4  # indices() spanning more epochs than this uses per-element round keys
 _SCALAR_WALK_MAX = 24  # cycle-walk this many strays one by one rather than as arrays
 _KEYS_MAX = 1 << 20  # keys sorted at once by the small shuffle (8 MiB)
