@@ -163,9 +163,9 @@ def test_empty_requests(mode):
 
 
 def test_indices_spanning_many_epochs_match_range():
-    for n in (2, 3, 5, 64, 1000):
+    for n in (2, 3, 5, 64, 1000, 5000):
         o = make_order("shuffle", n, seed=11)
-        whole = o.range(0, 40 * n)  # per-element round keys path
+        whole = o.range(0, 40 * n)  # many epochs at once: batched keys / per-element round keys
         for e in range(40):
             assert sorted(whole[e * n:(e + 1) * n].tolist()) == list(range(n))
             assert np.array_equal(whole[e * n:(e + 1) * n], o.range(e * n, n))
