@@ -1,47 +1,44 @@
-"""``Store``: the read-only view of a committed store, read through mmaps.
+"""``Store``: the read-only view of a committed store, read through mmaps; and ``open``.
 
-A ``Store`` maps every index, aux and chunk file of the commit it loaded (``open`` or ``refresh``),
-so it keeps working when a writer later commits: appends only add bytes past what is mapped, and a
-commit that rewrites records switches ``meta.json`` to new index files and unlinks the old ones,
-which stay valid for as long as they are mapped. Readers never lock.
+A ``Store`` holds one ``Snapshot`` (``_snapshot.py``): the commit it loaded at open or at the last
+``refresh()``, every file of it mapped. It keeps working when a writer later commits, and readers
+never lock. Fixed-shape raw fields read with one ``numpy.take`` over all their chunks mapped back to
+back; ragged and compressed fields copy or decode record by record into one preallocated buffer.
 
 Thread-safety: ``gather``/``record``/``views``/``nbytes`` may be called from many threads; each call
-works on one immutable ``_State`` snapshot, and ``refresh`` swaps the snapshot atomically. The
-verification bitmap is shared; a lost bit under a race only means a record is verified twice.
+works on the snapshot it started with, and ``refresh`` swaps snapshots atomically.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 import google_crc32c
 import numpy as np
 
 from headrace import _format
-from headrace._codecs import Codec, get_codec
-from headrace._errors import (
-    ConfigError,
-    CorruptionError,
-    RecordIndexError,
-    SchemaError,
-    WriterClosedError,
+from headrace._errors import ConfigError, RecordIndexError, SchemaError, WriterClosedError
+from headrace._format import FieldSpec, Meta
+from headrace._snapshot import (
+    NOPOS,
+    MappedField,
+    Snapshot,
+    Verified,
+    check_entries,
+    corrupt,
+    fetch,
+    load_snapshot,
 )
-from headrace._format import AUX_DTYPE, INDEX_DTYPE, FieldSpec, Meta
 
 __all__ = ["Ragged", "Store", "open"]
 
 VerifyMode = Literal["first", "always", "never"]
 _VERIFY_MODES = ("first", "always", "never")
-_MAP_RETRIES = 20
 _EMPTY = np.empty(0, np.uint8)
-_EMPTY.flags.writeable = False  # a concurrent commit may unlink files between reading meta.json and mapping them
-
-
-builtin_open = open  # this module defines its own open()
+_EMPTY.flags.writeable = False
+_NONE = np.zeros(0, bool)
 
 
 class Ragged(NamedTuple):
@@ -77,133 +74,6 @@ class Ragged(NamedTuple):
         return [self.values[o[j]:o[j + 1]] for j in range(len(o) - 1)]
 
 
-def _map_file(path: str, size: int, missing: list[str] | None = None) -> np.ndarray:
-    """Read-only uint8 view of the first ``size`` bytes (fewer if the file is shorter).
-
-    A missing file maps as empty (and is listed in ``missing``): the damage then surfaces as a
-    ``CorruptionError`` naming the records that need it, and the rest of the store stays readable.
-    """
-    try:
-        f = builtin_open(path, "rb")
-    except FileNotFoundError:
-        if missing is None:
-            raise
-        missing.append(path)
-        return np.empty(0, np.uint8)
-    with f:
-        avail = min(size, os.fstat(f.fileno()).st_size)
-        if avail <= 0:
-            arr = np.empty(0, np.uint8)
-        else:
-            arr = np.frombuffer(mmap.mmap(f.fileno(), avail, access=mmap.ACCESS_READ), np.uint8)
-    arr.flags.writeable = False
-    return arr
-
-
-@dataclass(frozen=True)
-class _Field:
-    spec: FieldSpec
-    fidx: int
-    codec: Codec
-    rec: int  # decoded bytes per record for fixed-shape fields, -1 for ragged
-    index: np.ndarray  # INDEX_DTYPE, len <= N (shorter only if the index file was truncated)
-    aux: np.ndarray  # AUX_DTYPE
-
-
-@dataclass(frozen=True)
-class _State:
-    meta: Meta
-    fields: dict[str, _Field]
-    chunks: dict[int, np.ndarray]  # id -> uint8 view of the committed bytes actually present
-    chunk_size: np.ndarray  # int64 by chunk id: usable bytes, -1 where no chunk has that id
-    chunk_field: np.ndarray  # int64 by chunk id: field number, -1 where none
-    rows: dict[int, np.ndarray]  # chunk id -> 2-D (rows, rec) view, fixed-shape raw fields only
-
-
-def _load_state(path: str) -> _State:
-    for attempt in range(_MAP_RETRIES):
-        meta = _format.read_meta(path)
-        missing: list[str] = []
-        state = _map_state(path, meta, missing)
-        # Files missing because a writer committed (and unlinked them) since we read meta.json:
-        # load the newer commit. Missing with meta.json unchanged: damage, reported per record.
-        if not missing or attempt == _MAP_RETRIES - 1 or _format.read_meta(path).commit == meta.commit:
-            return state
-    raise AssertionError("unreachable")
-
-
-def _map_state(path: str, meta: Meta, missing: list[str]) -> _State:
-    n = meta.length
-    fields: dict[str, _Field] = {}
-    for fidx, fe in enumerate(meta.fields):
-        spec = fe.spec
-        index = _map_file(os.path.join(path, fe.index), n * INDEX_DTYPE.itemsize, missing)
-        aux = _map_file(os.path.join(path, fe.aux), n * AUX_DTYPE.itemsize, missing)
-        m = min(len(index) // INDEX_DTYPE.itemsize, len(aux) // AUX_DTYPE.itemsize)
-        rec = -1 if spec.shape is None else spec.record_nbytes
-        fields[spec.name] = _Field(
-            spec, fidx, get_codec(spec.codec), rec,
-            index[: m * INDEX_DTYPE.itemsize].view(INDEX_DTYPE),
-            aux[: m * AUX_DTYPE.itemsize].view(AUX_DTYPE))
-    top = max((c.id for c in meta.chunks), default=-1) + 1
-    chunk_size = np.full(top, -1, np.int64)
-    chunk_field = np.full(top, -1, np.int64)
-    chunks: dict[int, np.ndarray] = {}
-    rows: dict[int, np.ndarray] = {}
-    fnum = {fe.spec.name: i for i, fe in enumerate(meta.fields)}
-    for c in meta.chunks:
-        arr = _map_file(os.path.join(path, _format.chunk_name(c.id)), c.size, missing)
-        chunks[c.id] = arr
-        chunk_size[c.id] = len(arr)
-        chunk_field[c.id] = fnum[c.field]
-        f = fields[c.field]
-        if f.rec > 0 and f.spec.codec == "raw":
-            k = len(arr) // f.rec
-            rows[c.id] = arr[: k * f.rec].reshape(k, f.rec)
-    return _State(meta, fields, chunks, chunk_size, chunk_field, rows)
-
-
-def _check_entries(st: _State, f: _Field, idx: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Vectorized consistency check of the entries of ``idx`` (all < len(f.index)).
-
-    Returns ``(bad, chunk, offset, length, nbytes, crc)``; ``bad`` marks entries that point outside
-    their chunk (or into another field's chunk) or disagree with the field's schema.
-    """
-    ent = f.index[idx]
-    aux = f.aux[idx]
-    cid = ent["chunk"].astype(np.int64)
-    off = ent["offset"].astype(np.int64)
-    ln = ent["length"].astype(np.int64)
-    nb = aux["nbytes"].astype(np.int64)
-    present = ln > 0
-    top = len(st.chunk_size)
-    c = np.minimum(cid, top - 1) if top else np.zeros_like(cid)
-    csize = st.chunk_size[c] if top else np.full_like(cid, -1)
-    bad = present & ((cid >= top) | (off < 0) | (off > csize - ln))
-    if top:
-        bad |= present & (st.chunk_field[c] != f.fidx)
-    bad |= ~present & (nb != 0)
-    if f.rec >= 0:
-        bad |= present & (nb != f.rec)
-        if f.spec.codec == "raw":
-            bad |= present & ((ln != f.rec) | (off % max(f.rec, 1) != 0))
-    else:
-        bad |= (nb % f.spec.dtype.itemsize) != 0
-        if f.spec.codec == "raw":
-            bad |= nb != ln
-    return bad, cid, off, ln, nb, aux["crc"]
-
-
-def _corrupt(spec: FieldSpec, ids: np.ndarray, what: str) -> CorruptionError:
-    ids_l = sorted(set(np.asarray(ids).tolist()))
-    shown = ", ".join(map(str, ids_l[:10])) + (" ..." if len(ids_l) > 10 else "")
-    return CorruptionError(
-        f"field {spec.name!r}, record ids [{shown}]: {what}; run `headrace verify` on the store "
-        "to list every damaged record, and restore them from the source data",
-        field=spec.name, record_ids=ids_l)
-
-
 class Store:
     """A read-only view of a store's last commit (at open or at the last ``refresh()``).
 
@@ -217,28 +87,12 @@ class Store:
             raise ConfigError(f"verify={verify!r} is not a mode; use one of {_VERIFY_MODES}")
         self.path = os.fspath(path)
         self.verify: VerifyMode = verify
-        self._state: _State | None = _load_state(self.path)
-        self._verified: dict[str, np.ndarray] = {}
-        self._reset_bitmaps(None)
+        self._state: Snapshot | None = load_snapshot(self.path)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def _reset_bitmaps(self, old: _State | None) -> None:
-        st = self._st
-        nbits = (st.meta.length + 7) // 8
-        keep = old is not None and old.meta.generation == st.meta.generation
-        bitmaps = {}
-        for name in st.fields:
-            bm = np.zeros(nbits, np.uint8)
-            prev = self._verified.get(name)
-            if keep and prev is not None:
-                k = min(len(prev), nbits)
-                bm[:k] = prev[:k]
-            bitmaps[name] = bm
-        self._verified = bitmaps
-
     @property
-    def _st(self) -> _State:
+    def _st(self) -> Snapshot:
         st = self._state
         if st is None:
             raise WriterClosedError(f"store {self.path} is closed; open it again to read")
@@ -250,8 +104,10 @@ class Store:
         new_meta = _format.read_meta(self.path)
         if new_meta.commit == old.meta.commit:
             return False
-        self._state = _load_state(self.path)
-        self._reset_bitmaps(old)
+        new = load_snapshot(self.path)
+        if new.meta.generation == old.meta.generation:  # same records, maybe more: keep checks
+            new.verified = Verified(new.fields, new.meta.length, old=old.verified)
+        self._state = new
         return True
 
     def close(self) -> None:
@@ -306,7 +162,7 @@ class Store:
 
     # -- reads -----------------------------------------------------------------------------------
 
-    def _indices(self, st: _State, indices: Any) -> np.ndarray:
+    def _indices(self, st: Snapshot, indices: Any) -> np.ndarray:
         idx = np.asarray(indices)
         if idx.ndim != 1:
             idx = idx.reshape(-1) if idx.ndim == 0 else idx
@@ -317,17 +173,17 @@ class Store:
                 return np.empty(0, np.int64)
             raise RecordIndexError(f"indices must be integers, got dtype {idx.dtype}")
         n = st.meta.length
-        if idx.size:
+        idx = idx.astype(np.int64, copy=False)
+        # one reduction: negative ids turn huge when read as unsigned
+        if idx.size and int(np.maximum.reduce(idx.view(np.uint64))) >= n:
             bad = (idx < 0) | (idx >= n)
-            if bad.any():
-                first = int(idx[np.argmax(bad)])
-                raise RecordIndexError(
-                    f"record id {first} is out of range for a store of N={n} records "
-                    f"(valid ids are 0..{n - 1}); {int(bad.sum())} of {idx.size} ids are out of "
-                    "range")
-        return idx.astype(np.int64, copy=False)
+            first = int(idx[np.argmax(bad)])
+            raise RecordIndexError(
+                f"record id {first} is out of range for a store of N={n} records "
+                f"(valid ids are 0..{n - 1}); {int(bad.sum())} of {idx.size} ids are out of range")
+        return idx
 
-    def _pick(self, st: _State, fields: str | Iterable[str] | None) -> list[str]:
+    def _pick(self, st: Snapshot, fields: str | Iterable[str] | None) -> list[str]:
         if fields is None:
             return list(st.fields)
         names = [fields] if isinstance(fields, str) else list(fields)
@@ -336,42 +192,46 @@ class Store:
                 raise SchemaError(f"unknown field {name!r}; this store has {list(st.fields)}")
         return names
 
-    def _entries(self, st: _State, f: _Field, idx: np.ndarray
+    def _entries(self, st: Snapshot, f: MappedField, idx: np.ndarray, check: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Index/aux entries of ``idx``, bounds-checked in one vectorized pass."""
+        """Index/aux entries of ``idx``: ``(chunk, offset, length, nbytes, crc)``.
+
+        Entries are consistency-checked (vectorized) unless this process already verified them:
+        committed entries never change within a generation, like committed chunk bytes, so with
+        ``verify="first"`` a record's entry and checksum are checked on its first read only.
+        """
         if len(f.index) < st.meta.length:
             short = idx >= len(f.index)
             if short.any():
-                raise _corrupt(f.spec, idx[short], "the index or aux file is shorter than N "
+                raise corrupt(f.spec, idx[short], "the index or aux file is shorter than N "
                                "(truncated), so these entries are missing")
-        bad, *rest = _check_entries(st, f, idx)
+        todo = idx if self.verify != "first" else idx[check]
+        if len(todo) == len(idx):
+            bad, cid, off, ln, nb, crc = check_entries(st, f, idx)
+        else:
+            bad = check_entries(st, f, todo)[0] if len(todo) else _NONE
+            cid, off, ln, nb, crc = fetch(f, idx)
         if bad.any():
-            raise _corrupt(f.spec, idx[bad], "index/aux entries point outside their chunk or "
+            raise corrupt(f.spec, todo[bad], "index/aux entries point outside their chunk or "
                            "disagree with the field's schema (corrupted index or truncated chunk)")
-        return rest[0], rest[1], rest[2], rest[3], rest[4]
+        return cid, off, ln, nb, crc
 
-    def _to_check(self, f: _Field, idx: np.ndarray) -> np.ndarray:
+    def _to_check(self, st: Snapshot, f: MappedField, idx: np.ndarray) -> np.ndarray:
         """Positions in ``idx`` whose checksum must be checked now."""
-        if self.verify == "never":
-            return np.empty(0, np.int64)
+        if self.verify == "first":
+            return st.verified.todo(f.spec.name, idx)
         if self.verify == "always":
             return np.arange(len(idx))
-        bm = self._verified[f.spec.name]
-        seen = (bm[idx >> 3] >> (idx & 7).astype(np.uint8)) & 1
-        return np.flatnonzero(seen == 0)
+        return NOPOS
 
-    def _mark(self, f: _Field, ids: np.ndarray) -> None:
-        if self.verify == "first" and len(ids):
-            np.bitwise_or.at(self._verified[f.spec.name], ids >> 3,
-                             np.left_shift(1, ids & 7).astype(np.uint8))
-
-    def _check_crcs(self, f: _Field, idx: np.ndarray, pos: np.ndarray, crc: np.ndarray,
-                    data: list[np.ndarray]) -> None:
+    def _check_crcs(self, st: Snapshot, f: MappedField, idx: np.ndarray, pos: np.ndarray,
+                    crc: np.ndarray, data: list[np.ndarray]) -> None:
         got = np.fromiter((google_crc32c.value(d) for d in data), np.uint32, len(data))
         bad = got != crc[pos]
         if bad.any():
-            raise _corrupt(f.spec, idx[pos[bad]], "stored bytes do not match their crc32c")
-        self._mark(f, idx[pos])
+            raise corrupt(f.spec, idx[pos[bad]], "stored bytes do not match their crc32c")
+        if self.verify == "first":
+            st.verified.mark(f.spec.name, idx[pos])
 
     def gather(self, indices: Sequence[int] | np.ndarray,
                fields: str | Iterable[str] | None = None) -> dict[str, np.ndarray | Ragged]:
@@ -390,13 +250,28 @@ class Store:
         return {name: self._gather_field(st, st.fields[name], idx)
                 for name in self._pick(st, fields)}
 
-    def _gather_field(self, st: _State, f: _Field, idx: np.ndarray) -> np.ndarray | Ragged:
-        cid, off, ln, nb, crc = self._entries(st, f, idx)
+    def _gather_field(self, st: Snapshot, f: MappedField, idx: np.ndarray) -> np.ndarray | Ragged:
+        check = self._to_check(st, f, idx)
+        virtual = st.vrows.get(f.spec.name)
+        if virtual is not None and self.verify == "first" and not len(check):
+            # Steady state of a fixed-shape raw field: every entry was checked before (they do
+            # not change within a generation), so this is an index lookup and one take.
+            vrows, vstart, small = virtual
+            ent = f.index_u4.take(idx, axis=0).T.copy()  # rows: chunk, offset lo, hi, length
+            if small:  # every chunk is under 4 GiB: valid offsets fit the low word
+                rows = vstart.take(ent[0]) + ent[1] // f.rec
+            else:
+                off = ent[1].astype(np.int64) | (ent[2].astype(np.int64) << 32)
+                rows = vstart.take(ent[0]) + off // f.rec
+            got = vrows.take(rows, axis=0)
+            if np.count_nonzero(ent[3]) != len(idx):  # absent records read as zeros
+                got[ent[3] == 0] = 0
+            return self._as_fixed(f, got)
+        cid, off, ln, nb, crc = self._entries(st, f, idx, check)
         if f.rec >= 0 and f.spec.codec == "raw":
-            return self._gather_fixed_raw(st, f, idx, cid, off, ln, crc)
-        check = self._to_check(f, idx)
+            return self._gather_fixed_raw(st, f, idx, cid, off, ln, crc, check)
         if len(check):
-            self._check_crcs(f, idx, check, crc, [
+            self._check_crcs(st, f, idx, check, crc, [
                 st.chunks[c][o:o + n] if n else _EMPTY for c, o, n in zip(
                     cid[check].tolist(), off[check].tolist(), ln[check].tolist(), strict=True)])
         out: np.ndarray
@@ -419,29 +294,40 @@ class Store:
             try:
                 dec = f.codec.decode(src, m)
             except Exception as e:
-                raise _corrupt(f.spec, idx[j:j + 1], f"{f.spec.codec} data does not decode "
+                raise corrupt(f.spec, idx[j:j + 1], f"{f.spec.codec} data does not decode "
                                f"({type(e).__name__}: {e})") from e
             if len(dec) != m:
-                raise _corrupt(f.spec, idx[j:j + 1], f"decodes to {len(dec)} bytes, expected {m}")
+                raise corrupt(f.spec, idx[j:j + 1], f"decodes to {len(dec)} bytes, expected {m}")
             flat[s:s + m] = np.frombuffer(dec, np.uint8)
         if f.rec >= 0:
             return self._as_fixed(f, out)
         isz = f.spec.dtype.itemsize
         return Ragged(out.view(f.spec.dtype) if isz else np.empty(0, f.spec.dtype), starts // max(isz, 1))
 
-    def _as_fixed(self, f: _Field, rows: np.ndarray) -> np.ndarray:
+    def _as_fixed(self, f: MappedField, rows: np.ndarray) -> np.ndarray:
         shape = f.spec.shape or ()
+        if f.plain:
+            return rows
         if f.rec == 0:
             return np.zeros((len(rows), *shape), f.spec.dtype)
         return rows.view(f.spec.dtype).reshape((len(rows), *shape))
 
-    def _gather_fixed_raw(self, st: _State, f: _Field, idx: np.ndarray, cid: np.ndarray,
-                          off: np.ndarray, ln: np.ndarray, crc: np.ndarray) -> np.ndarray:
+    def _gather_fixed_raw(self, st: Snapshot, f: MappedField, idx: np.ndarray, cid: np.ndarray,
+                          off: np.ndarray, ln: np.ndarray, crc: np.ndarray, check: np.ndarray
+                          ) -> np.ndarray:
         n = len(idx)
         if f.rec == 0:
             return self._as_fixed(f, np.empty((n, 0), np.uint8))
         row = off // f.rec
-        present = ln > 0
+        absent = ln == 0
+        virtual = st.vrows.get(f.spec.name)
+        if virtual is not None:  # all chunks back to back: one take, like a single .npy memmap
+            vrows, vstart, _small = virtual
+            out = vrows.take(vstart[cid] + row, axis=0)
+            if absent.any():
+                out[absent] = 0
+            return self._check_fixed(st, f, idx, out, absent, crc, check)
+        present = ~absent
         first = int(cid[0]) if n else -1
         if n and bool(present.all()) and bool((cid == first).all()):
             out = st.rows[first].take(row, axis=0)  # the common case: one vectorized take
@@ -450,13 +336,16 @@ class Store:
             for c in np.unique(cid[present]).tolist():
                 sel = np.flatnonzero(present & (cid == c))
                 out[sel] = st.rows[c].take(row[sel], axis=0)
-        check = self._to_check(f, idx)
+        return self._check_fixed(st, f, idx, out, absent, crc, check)
+
+    def _check_fixed(self, st: Snapshot, f: MappedField, idx: np.ndarray, out: np.ndarray,
+                     absent: np.ndarray, crc: np.ndarray, check: np.ndarray) -> np.ndarray:
         if len(check):
             ro = out.view()
             ro.flags.writeable = False
-            self._check_crcs(f, idx, check, crc, [
-                ro[j] if p else ro[j, :0] for j, p in zip(check.tolist(),
-                                                          present[check].tolist(), strict=True)])
+            self._check_crcs(st, f, idx, check, crc, [
+                ro[j, :0] if a else ro[j]
+                for j, a in zip(check.tolist(), absent[check].tolist(), strict=True)])
         return self._as_fixed(f, out)
 
     def nbytes(self, indices: Sequence[int] | np.ndarray,
@@ -471,7 +360,7 @@ class Store:
                 total += f.rec * len(idx)
             else:
                 if len(f.aux) < st.meta.length and idx.size and idx.max() >= len(f.aux):
-                    raise _corrupt(f.spec, idx[idx >= len(f.aux)], "the aux file is truncated")
+                    raise corrupt(f.spec, idx[idx >= len(f.aux)], "the aux file is truncated")
                 total += int(f.aux["nbytes"][idx].sum(dtype=np.int64))
         return total
 
@@ -506,13 +395,13 @@ class Store:
             return [memoryview(r) for r in rows]  # type: ignore[arg-type]
         return [memoryview(v) for v in self._raw_views(st, f, idx)]  # type: ignore[arg-type]
 
-    def _raw_views(self, st: _State, f: _Field, idx: np.ndarray) -> list[np.ndarray]:
-        cid, off, ln, _nb, crc = self._entries(st, f, idx)
+    def _raw_views(self, st: Snapshot, f: MappedField, idx: np.ndarray) -> list[np.ndarray]:
+        check = self._to_check(st, f, idx)
+        cid, off, ln, _nb, crc = self._entries(st, f, idx, check)
         views = [st.chunks[c][o:o + n] if n else _EMPTY
                  for c, o, n in zip(cid.tolist(), off.tolist(), ln.tolist(), strict=True)]
-        check = self._to_check(f, idx)
         if len(check):
-            self._check_crcs(f, idx, check, crc, [views[j] for j in check.tolist()])
+            self._check_crcs(st, f, idx, check, crc, [views[j] for j in check.tolist()])
         return views
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from headrace import _format
 from headrace._errors import CorruptionError
 from headrace._progress import progress as progress_bar
-from headrace._store import _check_entries, _load_state
+from headrace._snapshot import check_entries, load_snapshot
 
 __all__ = ["VerifyReport", "verify"]
 
@@ -90,7 +90,7 @@ def verify(path: str | os.PathLike[str], *, progress: bool | None = None) -> Ver
             report.problems.append(
                 f"chunk {c.id} (field {c.field!r}) is truncated: {size} bytes, meta.json commits "
                 f"{c.size}")
-    st = _load_state(path)
+    st = load_snapshot(path)
     n = st.meta.length
     bad: dict[str, set[int]] = {}
     total = n * len(st.fields)
@@ -107,7 +107,7 @@ def verify(path: str | os.PathLike[str], *, progress: bool | None = None) -> Ver
             found.update(range(avail, n))
             for start in range(0, avail, _BLOCK):
                 idx = np.arange(start, min(start + _BLOCK, avail), dtype=np.int64)
-                flags, cid, off, ln, nb, crc = _check_entries(st, f, idx)
+                flags, cid, off, ln, nb, crc = check_entries(st, f, idx)
                 found.update(idx[flags].tolist())
                 for j in np.flatnonzero(~flags).tolist():
                     k, o, m = int(cid[j]), int(off[j]), int(ln[j])
