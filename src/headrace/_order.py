@@ -267,19 +267,24 @@ class PCGStream:
     def __init__(self, key: int) -> None:
         self._state = (mix64(key) << 64) | mix64(key ^ GAMMA)
         self._inc = (mix64(key + 1) << 65 | mix64(key + 2) << 1 | 1) & (2**128 - 1)
-        self._bg = np.random.PCG64(0)  # its state is overwritten before every use
+        self._bg = np.random.PCG64(0)  # its state is set before first use
+        self._at = -1  # the word the generator would produce next (-1: unknown)
         self._lock = threading.Lock()
 
     def words(self, w0: int, count: int) -> npt.NDArray[np.uint64]:
         """Words ``w0 .. w0 + count - 1`` of the stream."""
         with self._lock:
             bg = self._bg
-            bg.state = {"bit_generator": "PCG64",
-                        "state": {"state": self._state, "inc": self._inc},
-                        "has_uint32": 0, "uinteger": 0}
-            if w0:
-                bg.advance(w0)
-            return bg.random_raw(count)
+            at, self._at = self._at, -1  # unknown until this call succeeds
+            if w0 != at:  # a sequential reader (the common case) skips the jump
+                bg.state = {"bit_generator": "PCG64",
+                            "state": {"state": self._state, "inc": self._inc},
+                            "has_uint32": 0, "uinteger": 0}
+                if w0:
+                    bg.advance(w0)
+            out = bg.random_raw(count)
+            self._at = w0 + count
+            return out
 
     def words_at(self, w: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
         """Words at arbitrary indices ``w`` (one ``words`` call per run of consecutive ones)."""
