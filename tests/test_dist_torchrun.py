@@ -159,3 +159,56 @@ def test_no_engine_means_a_clear_error_not_a_silent_guess(tmp_path):
         agree(Launch(rank=0, world_size=2, launcher="slurm"), {"seed": 1}, env={})
     # a single process has nothing to agree with
     assert agree(Launch(), {"seed": 1}, env={}) == [{"seed": 1}]
+
+
+# -- in one process: explicit ranks, run() without a launcher ---------------------------------
+
+
+@pytest.fixture
+def small_store(tmp_path, monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(var, raising=False)
+    path = tmp_path / "small"
+    headrace.pack_arrays(path, x=np.arange(100, dtype=np.int64), progress=False)
+    return path
+
+
+@pytest.mark.parametrize(("world", "tail"), [(3, "pad"), (3, "drop"), (4, "pad")])
+def test_explicit_ranks_are_disjoint_and_complete(small_store, world, tail):
+    per_rank = []
+    for r in range(world):
+        with headrace.DistributedDataLoader(small_store, batch=8, rank=r, world_size=world,
+                                            tail=tail, check=False) as ddl:
+            assert (ddl.assigned_rank, ddl.world_size, ddl.launch.launcher) == (r, world,
+                                                                                "explicit")
+            per_rank.append([b["x"].tolist() for b in ddl])
+    flat = _global(per_rank)
+    if tail == "drop":
+        assert flat == list(range(len(flat))) and len(flat) > 100 - world * 8
+    else:
+        assert flat[:100] == list(range(100))
+        assert flat[100:] == list(range(len(flat) - 100))
+
+
+def test_run_without_a_launcher_is_a_plain_loader(small_store):
+    with headrace.run(small_store, batch=30) as loader:
+        assert type(loader).__name__ == "Loader"
+        assert [len(b["x"]) for b in loader] == [30, 30, 30, 10]
+    with pytest.warns(UserWarning, match="headrace needs no coordinator"), \
+            headrace.run(small_store, batch=30, job="j1", coord="http://x:1") as loader:
+        assert len(loader) == 4
+    with pytest.raises(ConfigError, match="manifest-store options"):
+        headrace.run(small_store, store="/somewhere")
+    with headrace.run(small_store, batch=10, rank=1, world_size=2, check=False) as ddl:
+        assert type(ddl).__name__ == "DistributedDataLoader" and len(ddl) == 5
+
+
+def test_distributed_loader_argument_errors(small_store):
+    with pytest.raises(ConfigError, match="needs the dataset"):
+        headrace.DistributedDataLoader(batch=4)
+    with pytest.raises(ConfigError, match="conflicts with batch_size_samples"):
+        headrace.DistributedDataLoader(small_store, batch=4, batch_size_samples=8)
+    with pytest.warns(UserWarning, match="needs no coordinator"), \
+            headrace.DistributedDataLoader(small_store, coord_url="http://c:1", job_id="j",
+                                           node_id="n", batch_size_samples=50) as ddl:
+        assert len(ddl) == 2 and ddl.stats()["mode"] == "distributed"
