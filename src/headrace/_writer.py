@@ -28,16 +28,16 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-import google_crc32c
 import numpy as np
 
 from headrace import _format
 from headrace._codecs import Codec, get_codec
+from headrace._compact import compact_writer
+from headrace._encode import encode_batch
 from headrace._errors import (
     ConfigError,
     CorruptionError,
     RecordIndexError,
-    RecordTooLargeError,
     SchemaError,
     StoreExistsError,
     WriterClosedError,
@@ -52,10 +52,10 @@ from headrace._format import (
     Meta,
 )
 from headrace._fsutil import acquire_lock, copy_prefix, is_disk_full, pwrite_all, store_full
+from headrace._recover import recover
 
 __all__ = ["Writer", "create"]
 
-_WRITE_BATCH_BYTES = 16 << 20  # compaction copies records in writes of about this size
 
 
 class _FieldW:
@@ -110,7 +110,7 @@ class Writer:
     def _load(self, meta: Meta) -> None:
         """(Re)starts from commit ``meta``: recovery, then fresh working state."""
         self._close_data_fds()
-        self._recover(meta)
+        recover(self.path, meta)
         self._committed = meta
         self._n = meta.length
         self._cow = False
@@ -154,33 +154,6 @@ class Writer:
         keep = [fd for fd in self._fds if fd == self._lock_fd]
         _release([fd for fd in self._fds if fd != self._lock_fd])
         self._fds[:] = keep
-
-    def _recover(self, meta: Meta) -> None:
-        """Truncates bytes past the commit and deletes files ``meta`` does not name."""
-        keep = {_format.META_NAME, _format.LOCK_NAME}
-        for fe in meta.fields:
-            for name, size in ((fe.index, meta.length * INDEX_DTYPE.itemsize),
-                               (fe.aux, meta.length * AUX_DTYPE.itemsize)):
-                keep.add(name)
-                _truncate_to(os.path.join(self.path, name), size)
-        chunk_keep = set()
-        for c in meta.chunks:
-            chunk_keep.add(f"{c.id}.zr")
-            _truncate_to(os.path.join(self.path, _format.chunk_name(c.id)), c.size)
-        removed = False
-        for name in os.listdir(self.path):
-            if name not in keep and (_format.INDEX_FILE.match(name) or name == _format.META_TMP_NAME):
-                os.unlink(os.path.join(self.path, name))
-                removed = True
-        cdir = os.path.join(self.path, CHUNK_DIR)
-        os.makedirs(cdir, exist_ok=True)
-        for name in os.listdir(cdir):
-            if name not in chunk_keep and _format.CHUNK_FILE.match(name):
-                os.unlink(os.path.join(cdir, name))
-                removed = True
-        if removed:
-            _format.fsync_dir(cdir)
-            _format.fsync_dir(self.path)
 
     # -- properties ------------------------------------------------------------------------------
 
@@ -227,108 +200,6 @@ class Writer:
         if fw.rec > 0 and fw.spec.codec == "raw":  # whole records, so a chunk is a 2-D array
             return max(fw.rec, self.chunk_bytes // fw.rec * fw.rec)
         return self.chunk_bytes
-
-    def _fixed_array(self, fw: _FieldW, batch: Any, n: int | None) -> np.ndarray:
-        spec = fw.spec
-        shape = spec.shape or ()
-        arr = np.asarray(batch)
-        if not isinstance(batch, np.ndarray):
-            arr = _value_cast(spec, arr)  # Python numbers: any cast that keeps every value
-        if arr.dtype.hasobject or arr.ndim != len(shape) + 1 or tuple(arr.shape[1:]) != shape \
-                or (n is not None and arr.shape[0] != n):
-            want = f"({n if n is not None else 'n'}, {', '.join(map(str, shape))})".replace(", )", ")")
-            raise SchemaError(
-                f"field {spec.name!r}: expected a batch of shape {want} and dtype {spec.dtype}, "
-                f"got shape {arr.shape} and dtype {arr.dtype}; pass one row per record")
-        return self._cast(spec, arr)
-
-    @staticmethod
-    def _cast(spec: FieldSpec, arr: np.ndarray) -> np.ndarray:
-        if arr.dtype != spec.dtype:
-            if not np.can_cast(arr.dtype, spec.dtype, "safe") and not (
-                    arr.size == 0 and arr.dtype == np.float64):
-                raise SchemaError(
-                    f"field {spec.name!r}: expected dtype {spec.dtype}, got {arr.dtype} (which "
-                    f"cannot be cast safely); convert with .astype({str(spec.dtype)!r})")
-            arr = arr.astype(spec.dtype)
-        return np.ascontiguousarray(arr)
-
-    def _ragged_record(self, fw: _FieldW, rec: Any) -> Any:
-        spec = fw.spec
-        if isinstance(rec, bytes | bytearray | memoryview):
-            mv = memoryview(rec).cast("B")
-            if mv.nbytes % spec.dtype.itemsize:
-                raise SchemaError(
-                    f"field {spec.name!r}: a {mv.nbytes}-byte record is not a whole number of "
-                    f"{spec.dtype} elements ({spec.dtype.itemsize} bytes each)")
-            return mv
-        nbytes = getattr(rec, "nbytes", None)
-        if nbytes is not None and not isinstance(rec, np.ndarray) and int(nbytes) > _format.MAX_RECORD_BYTES:
-            return rec  # size-checked (and rejected) by the caller before any conversion
-        arr = np.asarray(rec) if isinstance(rec, np.ndarray) else _value_cast(spec, np.asarray(rec))
-        if arr.ndim > 1 or arr.dtype.hasobject:
-            raise SchemaError(
-                f"field {spec.name!r} is ragged: expected each record to be bytes or a 1-D array of "
-                f"{spec.dtype}, got shape {arr.shape} and dtype {arr.dtype}")
-        return self._cast(spec, arr.reshape(-1))
-
-    def _encode(self, fw: _FieldW, batch: Any, n: int | None
-                ) -> tuple[int, list[Any] | np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Validates and encodes one field's batch.
-
-        Returns ``(n, data, lengths, nbytes, crcs)`` where ``data`` is a ``(n, rec)`` uint8 array
-        (fixed-shape raw fields) or a list of stored byte strings.
-        """
-        spec = fw.spec
-        if fw.rec >= 0:
-            arr = self._fixed_array(fw, batch, n)
-            k = arr.shape[0]
-            raw = arr.reshape(k, -1).view(np.uint8) if fw.rec else np.empty((k, 0), np.uint8)
-            self._check_size(spec, fw.rec)
-            nbytes = np.full(k, fw.rec, np.int64)
-            if spec.codec == "raw":
-                ro = raw.view()
-                ro.flags.writeable = False
-                crcs = np.fromiter((google_crc32c.value(r) for r in ro), np.uint32, k)
-                return k, raw, nbytes.copy(), nbytes, crcs
-            records: list[Any] = list(raw)
-        else:
-            if isinstance(batch, np.ndarray) and batch.ndim == 2:
-                batch = list(batch)
-            elif hasattr(batch, "to_list") and hasattr(batch, "offsets"):
-                batch = batch.to_list()
-            elif isinstance(batch, bytes | bytearray | memoryview | str | np.ndarray):
-                raise SchemaError(
-                    f"field {spec.name!r} is ragged: pass a list of records (bytes or 1-D arrays), "
-                    f"got a single {type(batch).__name__}")
-            records = [self._ragged_record(fw, r) for r in batch]
-            k = len(records)
-            if n is not None and k != n:
-                raise SchemaError(f"field {spec.name!r}: got {k} records, other fields have {n}")
-            sizes = [int(getattr(r, "nbytes", 0)) for r in records]
-            for s in sizes:
-                self._check_size(spec, s)
-            nbytes = np.array(sizes, np.int64)
-        stored: list[Any] = []
-        for r in records:
-            mv = memoryview(r).cast("B") if not isinstance(r, memoryview) else r
-            if mv.nbytes == 0:
-                stored.append(b"")  # a 0-byte record is stored as absent, whatever the codec
-                continue
-            enc = fw.codec.encode(mv)
-            self._check_size(spec, len(enc), stored_bytes=True)
-            stored.append(enc)
-        lengths = np.array([len(s) for s in stored], np.int64)
-        crcs = np.fromiter((_crc(s) for s in stored), np.uint32, k)
-        return k, stored, lengths, nbytes, crcs
-
-    @staticmethod
-    def _check_size(spec: FieldSpec, size: int, *, stored_bytes: bool = False) -> None:
-        if size > _format.MAX_RECORD_BYTES:
-            what = "compresses to" if stored_bytes else "is"
-            raise RecordTooLargeError(
-                f"field {spec.name!r}: a record {what} {size} bytes, over the format's limit of "
-                f"{_format.MAX_RECORD_BYTES} bytes (u32 lengths); split it into smaller records")
 
     # -- low-level writes ------------------------------------------------------------------------
 
@@ -480,7 +351,7 @@ class Writer:
         n: int | None = None
         encoded = {}
         for name, batch in records.items():
-            enc = self._encode(self._fields[name], batch, n)
+            enc = encode_batch(self._fields[name], batch, n)
             n = enc[0]
             encoded[name] = enc
         self._guarded(self._append_encoded, encoded, n)
@@ -524,7 +395,7 @@ class Writer:
                 batch = value[None] if isinstance(value, np.ndarray) else [value]
             else:
                 batch = [value]
-            encoded[name] = self._encode(fw, batch, 1)
+            encoded[name] = encode_batch(fw, batch, 1)
         self._guarded(self._modify_encoded, i, encoded)
 
     def _modify_encoded(self, i: int, encoded: dict[str, Any]) -> None:
@@ -581,64 +452,7 @@ class Writer:
             ``(utilization_before, utilization_after)``, each live bytes / chunk bytes.
         """
         self._check_open()
-        return self._guarded(self._compact, progress)
-
-    def _compact(self, progress: bool | None) -> tuple[float, float]:
-        from tqdm import tqdm
-
-        before = self._utilization()
-        self._begin_cow()
-        plans = []
-        live = 0
-        for fw in self._fields.values():
-            ent, _aux = self._get_entries(fw, 0, self._n)
-            plans.append((fw, ent))
-            live += int(ent["length"].sum(dtype=np.int64))
-        old = {cid: info for cid, info in self._chunks.items()}
-        for fw in self._fields.values():
-            fw.open_chunk = None
-        for cid in old:
-            del self._chunks[cid]
-        maps: dict[int, np.ndarray] = {}
-        disable = (not _isatty()) if progress is None else not progress
-        with tqdm(total=live, unit="B", unit_scale=True, desc="compact", disable=disable) as bar:
-            for fw, ent in plans:
-                present = np.flatnonzero(ent["length"] > 0)
-                order = present[np.lexsort((ent["offset"][present], ent["chunk"][present]))]
-                new = ent.copy()
-                start = 0
-                while start < len(order):
-                    # a run of records small enough to copy with one write per chunk placed
-                    stop, acc = start, 0
-                    while stop < len(order) and (acc == 0 or acc < _WRITE_BATCH_BYTES):
-                        acc += int(ent["length"][order[stop]])
-                        stop += 1
-                    sel = order[start:stop]
-                    data = []
-                    for j in sel.tolist():
-                        c, o, n = int(ent["chunk"][j]), int(ent["offset"][j]), int(ent["length"][j])
-                        src = maps.get(c)
-                        if src is None:
-                            src = maps[c] = _map_chunk(self.path, c, old[c][1])
-                        if o + n > len(src):
-                            raise CorruptionError(
-                                f"field {fw.spec.name!r}, record id {j}: its index entry points "
-                                f"past the end of chunk {c}; run `headrace verify`",
-                                field=fw.spec.name, record_ids=[j])
-                        data.append(src[o:o + n])
-                    lengths = ent["length"][sel].astype(np.int64)
-                    if fw.rec > 0 and fw.spec.codec == "raw":
-                        cids, offs = self._place(fw, np.stack(data), lengths)
-                    else:
-                        cids, offs = self._place(fw, [d.tobytes() for d in data], lengths)
-                    new["chunk"][sel] = cids
-                    new["offset"][sel] = offs
-                    bar.update(acc)
-                    start = stop
-                pwrite_all(fw.index_fd, new, 0)
-        after = self._utilization()
-        self._dirty = True
-        return before, after
+        return self._guarded(compact_writer, self, progress)
 
     # -- commit / rollback / close ---------------------------------------------------------------
 
@@ -716,50 +530,6 @@ class Writer:
                 self.close()
         else:
             self.close()
-
-
-def _value_cast(spec: FieldSpec, arr: np.ndarray) -> np.ndarray:
-    if arr.dtype == spec.dtype or arr.dtype.hasobject or arr.dtype.kind not in "biuf":
-        return arr
-    try:
-        with np.errstate(all="ignore"):
-            cast = arr.astype(spec.dtype)
-        if cast.shape == arr.shape and bool((cast == arr).all()):
-            return cast
-    except (TypeError, ValueError, OverflowError):
-        pass
-    return arr
-
-
-def _crc(buf: Any) -> int:
-    if isinstance(buf, bytes):
-        return int(google_crc32c.value(buf))
-    arr = np.frombuffer(buf, np.uint8)  # google_crc32c wants a read-only buffer: no copy
-    arr.flags.writeable = False
-    return int(google_crc32c.value(arr))
-
-
-def _truncate_to(path: str, size: int) -> None:
-    try:
-        if os.stat(path).st_size > size:
-            os.truncate(path, size)
-    except FileNotFoundError:
-        pass  # a missing committed file is reported by whoever reads it
-
-
-def _map_chunk(path: str, cid: int, size: int) -> np.ndarray:
-    import mmap
-
-    with open(os.path.join(path, _format.chunk_name(cid)), "rb") as f:
-        avail = min(size, os.fstat(f.fileno()).st_size)
-        if avail == 0:
-            return np.empty(0, np.uint8)
-        return np.frombuffer(mmap.mmap(f.fileno(), avail, access=mmap.ACCESS_READ), np.uint8)
-
-
-def _isatty() -> bool:
-    import sys
-    return sys.stderr.isatty()
 
 
 def create(path: str | os.PathLike[str], *, fields: Mapping[str, Any] | Iterable[FieldSpec],
