@@ -101,6 +101,12 @@ def test_ranges_are_coalesced(packed):
                       coalesce_gap_bytes=0, max_range_bytes=1)
     rs2.gather(np.arange(0, n, 2))
     assert rs2.requests == n // 2  # no coalescing: one request per record
+    # A sparse shuffled batch is not read as whole chunks: at most 1 / min_fill amplification.
+    rs3 = RemoteStore(packed["url"], objstore=packed["client"], fields=["bytes"], min_fill=0.5)
+    ids = RNG.permutation(n)[:12]
+    rs3.gather(ids)
+    wanted = int(rs3._fields["bytes"].index[ids]["length"].sum())
+    assert wanted <= rs3.bytes_fetched <= 2 * wanted
 
 
 def test_load_packed_store_from_s3_through_fault_proxy(packed, server):

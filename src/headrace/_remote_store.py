@@ -3,8 +3,9 @@
 ``meta.json`` and the committed part of every index/aux file are fetched once, when the store is
 opened. A gather then plans its reads from the index alone: the stored bytes of the requested
 records, per chunk, sorted by offset, with ranges closer than ``coalesce_gap_bytes`` merged (up to
-``max_range_bytes`` per request), so a batch of neighbouring records costs one request, not one per
-record. The ranges are fetched concurrently (``max_inflight`` requests in flight for the whole store,
+``max_range_bytes`` per request, and only while at least ``min_fill`` of the merged bytes are wanted),
+so a batch of neighbouring records costs one request, not one per record, and a shuffled batch does
+not drag whole chunks in. The ranges are fetched concurrently (``max_inflight`` requests in flight for the whole store,
 shared by every loader thread), checked against their crc32c, decoded with the store's codecs, and
 assembled into the same arrays / :class:`Ragged` a local :class:`Store` returns.
 
@@ -59,17 +60,24 @@ class RemoteStore:
         max_inflight: concurrent range requests for this store.
         coalesce_gap_bytes: merge two ranges of a chunk when the gap between them is at most this.
         max_range_bytes: never merge a request past this size.
+        min_fill: merge only while at least this fraction of a request's bytes are records the
+            gather asked for, so a shuffled batch over a large store is not read as whole chunks
+            (read amplification is at most ``1 / min_fill``).
     """
 
     def __init__(self, url: str, *, objstore: ObjectStore, fields: Sequence[str] | str | None = None,
                  pinned: dict[str, int] | None = None, cache: ByteCache | None = None,
                  verify: str = "first", max_inflight: int = 32,
-                 coalesce_gap_bytes: int = 1 << 20, max_range_bytes: int = 16 << 20) -> None:
+                 coalesce_gap_bytes: int = 1 << 20, max_range_bytes: int = 16 << 20,
+                 min_fill: float = 0.5) -> None:
         if verify not in ("first", "always", "never"):
             raise ConfigError(f"verify must be 'first', 'always' or 'never', got {verify!r}")
         if max_inflight < 1 or coalesce_gap_bytes < 0 or max_range_bytes < 1:
             raise ConfigError("max_inflight and max_range_bytes must be >= 1, "
                               "coalesce_gap_bytes >= 0")
+        if not 0.0 <= min_fill <= 1.0:
+            raise ConfigError(f"min_fill must be in [0, 1], got {min_fill}")
+        self._min_fill = min_fill
         self.url = url.rstrip("/")
         self._prefix = objstore_prefix(self.url)
         self._os = objstore
@@ -247,13 +255,17 @@ class RemoteStore:
         cur: list[int] | None = None
         for j, c, o, n in zip(order.tolist(), cid[order].tolist(), off[order].tolist(),
                               ln[order].tolist(), strict=True):
-            if (cur is not None and cur[0] == c and o - cur[2] <= self._gap
-                    and max(cur[2], o + n) - cur[1] <= self._max_range):
-                cur[2] = max(cur[2], o + n)
-            else:
-                if cur is not None:
-                    ranges.append((cur[0], cur[1], cur[2]))
-                cur = [c, o, o + n]
+            if cur is not None and cur[0] == c and o - cur[2] <= self._gap:
+                span = max(cur[2], o + n) - cur[1]
+                useful = cur[3] + n
+                if span <= self._max_range and useful >= self._min_fill * span:
+                    cur[2] = max(cur[2], o + n)
+                    cur[3] = useful
+                    rid[j] = len(ranges)
+                    continue
+            if cur is not None:
+                ranges.append((cur[0], cur[1], cur[2]))
+            cur = [c, o, o + n, n]
             rid[j] = len(ranges)
         if cur is not None:
             ranges.append((cur[0], cur[1], cur[2]))
