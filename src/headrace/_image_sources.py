@@ -552,13 +552,26 @@ def is_mx8_pack(data: Any) -> bool:
         os.path.join(os.fspath(data), "_mx8", "manifest.tsv"))
 
 
+def _has_image(path: str, depth: int) -> bool:
+    try:
+        with os.scandir(path) as it:
+            entries = [e for e in it if not e.name.startswith(".")]
+    except OSError:
+        return False
+    if any(e.is_file() and os.path.splitext(e.name)[1].lower() in IMAGE_EXTENSIONS
+           for e in entries):
+        return True
+    return depth > 0 and any(e.is_dir() and _has_image(e.path, depth - 1) for e in entries)
+
+
 def is_image_folder(data: Any) -> bool:
-    """A local directory that is neither a headrace store nor an mx8 pack."""
+    """A local directory, neither a headrace store nor an mx8 pack, with image files in it or in
+    its first-level folders (so a generic loader does not claim unrelated directories)."""
     if not isinstance(data, str | os.PathLike):
         return False
     p = os.fspath(data)
     return (os.path.isdir(p) and not os.path.isfile(os.path.join(p, "meta.json"))
-            and not is_mx8_pack(p))
+            and not is_mx8_pack(p) and _has_image(p, 1))
 
 
 def open_image_records(data: Any, *, label_mode: str | None = "auto",

@@ -1,0 +1,310 @@
+"""Image loading benchmark: decode + resize to 224x224 RGB uint8, batch 64, page cache warm.
+
+Data: ImageNet-like JPEGs cut from scikit-image's bundled photographs (random crops of 50-100 % of
+the area, flips, a brightness tweak, rescaled so the short side is 300-500 px, quality 85-95,
+4:2:0 chroma), in an ImageFolder tree of 10 classes; packed once with ``headrace.pack_dir`` and
+once with ``mx8.pack_dir``. Every peer runs in its own subprocess (so its peak RSS is its own) and
+reads every image once per timed pass; the best of ``--repeat`` passes is reported.
+
+Peers:
+* headrace: ``headrace.image(store, resize=(224, 224), float_out=False, layout="NHWC")``.
+* ceiling: the same decoder (simplejpeg, full size) + resize (cv2, headrace's filter policy) in a
+  plain ``ThreadPoolExecutor`` over the files, no loader. ``ceiling+dct`` runs headrace's own
+  ``decode()`` (DCT scaling) the same way: the best any loader could do with that decoder.
+* grain: ``MapDataset`` with the ceiling's decoder, ``ReadOptions(num_threads=2)``, batch 64.
+* torch: ``DataLoader(num_workers=2)`` over an ImageFolder-style dataset decoding with PIL
+  (``open().convert("RGB").resize((224, 224), BILINEAR)``) -- torchvision's ImageFolder cannot be
+  installed beside torch 2.13.0 here, so this is the equivalent it would run.
+* mx8: ``mx8.image(pack, resize=(224, 224), float_out=False)`` with ``MX8_DECODE_BACKEND=rust``.
+
+Second scenario, the ImageNet training crop (RandomResizedCrop to 224x224, same boxes for both):
+* headrace-rrc: ``headrace.image(store, random_resized_crop=(224, 224), ...)``: the box is picked
+  from the header, then decoded at the smallest DCT scale that covers it.
+* ceiling-rrc: full-size decode, then crop the same box and resize, in the plain thread pool.
+
+Run: ``.venv/bin/python benchmarks/bench_image.py [--n 2000] [--repeat 3] [--threads 2]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+OUT = (224, 224)
+BATCH = 64
+PEERS = ["headrace", "ceiling", "ceiling+dct", "grain", "torch", "mx8", "headrace-rrc",
+         "ceiling-rrc"]
+
+
+def make_dataset(root: str, n: int, seed: int = 0) -> None:
+    import cv2
+    import simplejpeg
+    import skimage.data as d
+
+    names = ["astronaut", "chelsea", "coffee", "rocket", "retina", "hubble_deep_field",
+             "immunohistochemistry", "colorwheel", "cat", "camera", "brick", "grass", "gravel"]
+    photos = []
+    for name in names:
+        img = getattr(d, name)()
+        if img.ndim == 2:
+            img = np.repeat(img[:, :, None], 3, axis=2)
+        photos.append(np.ascontiguousarray(img[:, :, :3]))
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        src = photos[i % len(photos)]
+        h, w = src.shape[:2]
+        frac = rng.uniform(0.5, 1.0)
+        ar = rng.uniform(0.75, 1.5)
+        ch = min(h, round(float(np.sqrt(frac * h * w / ar))))
+        cw = min(w, round(ch * float(ar)))
+        y, x = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
+        crop = src[y:y + ch, x:x + cw]
+        if rng.random() < 0.5:
+            crop = crop[:, ::-1]
+        short = rng.integers(300, 501)
+        s = short / min(ch, cw)
+        size = (max(1, round(cw * s)), max(1, round(ch * s)))
+        img = cv2.resize(crop, size, interpolation=cv2.INTER_AREA if s < 1 else cv2.INTER_CUBIC)
+        img = np.clip(img.astype(np.float32) * rng.uniform(0.85, 1.15), 0, 255).astype(np.uint8)
+        data = simplejpeg.encode_jpeg(np.ascontiguousarray(img), quality=int(rng.integers(85, 96)),
+                                      colorsubsampling="420")
+        cls = os.path.join(root, f"class{i % 10:02d}")
+        os.makedirs(cls, exist_ok=True)
+        with open(os.path.join(cls, f"{i:06d}.jpg"), "wb") as f:
+            f.write(data)
+
+
+def list_files(root: str) -> list[str]:
+    out = []
+    for dirpath, _, files in os.walk(root):
+        out += [os.path.join(dirpath, f) for f in files if f.endswith(".jpg")]
+    return sorted(out)
+
+
+def naive_decode(data: bytes) -> np.ndarray:
+    """The ceiling's decoder: full-size libjpeg-turbo decode + cv2 resize (headrace's filter)."""
+    import simplejpeg
+
+    from headrace._image_decode import resize_into
+
+    return resize_into(simplejpeg.decode_jpeg(data, colorspace="RGB"), OUT)
+
+
+def read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+# -- peers (each runs in its own process) ----------------------------------------------------------
+
+def run_headrace(a: argparse.Namespace) -> int:
+    import headrace
+
+    n = 0
+    with headrace.image(a.store, batch=BATCH, resize=OUT, float_out=False, layout="NHWC",
+                        threads=a.threads) as ld:
+        for images, _labels in ld:
+            n += len(images)
+    return n
+
+
+def _pool_pass(a: argparse.Namespace, fn) -> int:
+    files = list_files(a.root)
+
+    def one(p: str) -> np.ndarray:
+        return fn(read(p))
+
+    n = 0
+    with ThreadPoolExecutor(a.threads) as pool:
+        for k in range(0, len(files), BATCH):
+            batch = np.stack(list(pool.map(one, files[k:k + BATCH])))
+            n += len(batch)
+    return n
+
+
+def run_ceiling(a: argparse.Namespace) -> int:
+    return _pool_pass(a, naive_decode)
+
+
+def run_ceiling_dct(a: argparse.Namespace) -> int:
+    from headrace._image_decode import decode
+
+    return _pool_pass(a, lambda b: decode(b, size=OUT))
+
+
+def run_grain(a: argparse.Namespace) -> int:
+    import grain
+
+    files = list_files(a.root)
+    ds = (grain.MapDataset.source(files).map(lambda p: naive_decode(read(p))).batch(BATCH)
+          .to_iter_dataset(grain.ReadOptions(num_threads=a.threads, prefetch_buffer_size=4)))
+    return sum(len(b) for b in ds)
+
+
+class _PilFolder:
+    """torchvision.datasets.ImageFolder + Resize((224, 224)) equivalent (PIL, bilinear)."""
+
+    def __init__(self, root: str) -> None:
+        self.files = list_files(root)
+        classes = sorted({os.path.basename(os.path.dirname(f)) for f in self.files})
+        self.idx = {c: i for i, c in enumerate(classes)}
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int):
+        import torch
+        from PIL import Image
+
+        with Image.open(self.files[i]) as im:
+            img = im.convert("RGB").resize((OUT[1], OUT[0]), Image.BILINEAR)
+        label = self.idx[os.path.basename(os.path.dirname(self.files[i]))]
+        return torch.from_numpy(np.asarray(img).copy()), label
+
+
+def run_torch(a: argparse.Namespace) -> int:
+    from torch.utils.data import DataLoader
+
+    dl = DataLoader(_PilFolder(a.root), batch_size=BATCH, num_workers=a.threads,
+                    persistent_workers=False)
+    return sum(len(x) for x, _ in dl)
+
+
+def run_mx8(a: argparse.Namespace) -> int:
+    os.environ["MX8_DECODE_BACKEND"] = "rust"
+    import mx8
+
+    n = 0
+    ld = mx8.image(a.mx8, batch=BATCH, resize=OUT, float_out=False)
+    for images, _labels in ld:
+        n += len(images)
+    ld.close()
+    return n
+
+
+def run_headrace_rrc(a: argparse.Namespace) -> int:
+    import headrace
+
+    n = 0
+    with headrace.image(a.store, batch=BATCH, random_resized_crop=OUT, float_out=False,
+                        layout="NHWC", threads=a.threads) as ld:
+        for images, _labels in ld:
+            n += len(images)
+    return n
+
+
+def run_ceiling_rrc(a: argparse.Namespace) -> int:
+    import simplejpeg
+
+    from headrace._image_augment import ImageSpec, plan_batch
+    from headrace._image_decode import image_size, resize_into
+
+    spec = ImageSpec(random_resized_crop=OUT)
+    files = list_files(a.root)
+
+    def one(args: tuple[str, int]) -> np.ndarray:
+        path, i = args
+        data = read(path)
+        (plan,) = plan_batch(spec, 0, 0, np.array([i]), [image_size(data)])
+        t, le, h, w = plan.box
+        full = simplejpeg.decode_jpeg(data, colorspace="RGB")
+        return resize_into(full[t:t + h, le:le + w], OUT)
+
+    n = 0
+    with ThreadPoolExecutor(a.threads) as pool:
+        for k in range(0, len(files), BATCH):
+            items = [(files[j], j) for j in range(k, min(k + BATCH, len(files)))]
+            n += len(np.stack(list(pool.map(one, items))))
+    return n
+
+
+RUNNERS = {"headrace": run_headrace, "ceiling": run_ceiling, "ceiling+dct": run_ceiling_dct,
+           "grain": run_grain, "torch": run_torch, "mx8": run_mx8,
+           "headrace-rrc": run_headrace_rrc, "ceiling-rrc": run_ceiling_rrc}
+
+
+def child(a: argparse.Namespace) -> None:
+    fn = RUNNERS[a.peer]
+    best = float("inf")
+    n = 0
+    for _ in range(a.repeat):
+        t = time.perf_counter()
+        n = fn(a)
+        best = min(best, time.perf_counter() - t)
+    ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    ru_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    print(json.dumps({"peer": a.peer, "images": n, "seconds": best, "img_s": n / best,
+                      "peak_rss_mb": max(ru, ru_children) / 1024}))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--n", type=int, default=2000)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--peers", default=",".join(PEERS))
+    p.add_argument("--workdir", default=None)
+    p.add_argument("--peer", help=argparse.SUPPRESS)
+    p.add_argument("--root", help=argparse.SUPPRESS)
+    p.add_argument("--store", help=argparse.SUPPRESS)
+    p.add_argument("--mx8", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.peer:
+        child(a)
+        return
+    tmp = tempfile.TemporaryDirectory(prefix="bench_image_") if a.workdir is None else None
+    work = a.workdir or tmp.name  # type: ignore[union-attr]
+    root, store, pack = (os.path.join(work, x) for x in ("jpegs", "store", "mx8"))
+    if not os.path.isdir(root):
+        t = time.perf_counter()
+        make_dataset(root, a.n)
+        print(f"made {a.n} JPEGs in {time.perf_counter() - t:.1f}s", file=sys.stderr)
+    files = list_files(root)
+    sizes = [os.path.getsize(f) for f in files]
+    import headrace
+
+    if not os.path.isdir(store):
+        headrace.pack_dir(root, out=store, progress=False)
+    peers = a.peers.split(",")
+    if "mx8" in peers and not os.path.isdir(pack):
+        import mx8
+
+        mx8.pack_dir(root, out=pack, label_mode="imagefolder")
+    for f in files:  # warm the page cache
+        read(f)
+    from headrace._image_decode import image_size
+
+    shorts = [min(image_size(read(f))) for f in files[:200]]
+    print(f"{len(files)} JPEGs, mean {np.mean(sizes) / 1e3:.0f} kB, short side "
+          f"{min(shorts)}-{max(shorts)} px; decode+resize to {OUT[0]}x{OUT[1]}, batch {BATCH}, "
+          f"{a.threads} threads, best of {a.repeat}", file=sys.stderr)
+    results = {}
+    for peer in peers:
+        cmd = [sys.executable, __file__, "--peer", peer, "--root", root, "--store", store,
+               "--mx8", pack, "--repeat", str(a.repeat), "--threads", str(a.threads)]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"{peer}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
+            continue
+        results[peer] = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"{'peer':<13} {'img/s':>8} {'peak RSS MB':>12} {'vs ceiling':>11}")
+    for peer, r in results.items():
+        base = "ceiling-rrc" if peer.endswith("-rrc") else "ceiling"
+        ceiling = results.get(base, {}).get("img_s")
+        ratio = f"{r['img_s'] / ceiling:.2f}x" if ceiling else "-"
+        print(f"{peer:<13} {r['img_s']:>8.0f} {r['peak_rss_mb']:>12.0f} {ratio:>11}")
+    if tmp is not None:
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
