@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import headrace
-import headrace._link_source  # registers the "link" source (until _sources imports it itself)
 from _s3_server import FaultProxy, new_bucket, s3_env, shared_server
 from headrace import ConfigError, LinkError, LoaderError
 from headrace._link_source import open_link
@@ -170,3 +169,15 @@ def test_s3_cache_serves_second_read(prefix, ms, tmp_path):
     second = src.gather(ids)
     assert src._cache.hits == len(ids)
     np.testing.assert_array_equal(first["bytes"].values, second["bytes"].values)
+
+
+def test_load_finds_the_link_source_by_itself(folder, ms):
+    import subprocess
+    import sys
+
+    code = ("import sys, headrace\n"
+            "from headrace._sources import open_source\n"
+            "assert 'headrace._link_source' not in sys.modules\n"
+            f"print(type(open_source({str(folder)!r}, store={ms!r})).__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "RawSource"

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import headrace
-import headrace._link_source  # registers the "link" source (until _sources imports it itself)
 from _s3_server import FaultProxy, new_bucket, s3_env, shared_server
 from headrace import CorruptionError, LinkError, StoreExistsError
 from headrace._link_source import open_link
