@@ -3,6 +3,10 @@
 Side by side, each peer in a fresh subprocess (so each peak RSS is its own):
 
 * ``headrace``: ``headrace.Loader(store, batch=256, order="shuffle", epochs=1)``.
+* ``headrace-torch``: the same loader through ``headrace.torch.IterableDataset`` and
+  ``torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)`` (zero-copy tensors).
+* ``headrace-jax``: the same loader through ``headrace.jax.iterator(loader, prefetch=2)`` onto
+  JAX's default device (the CPU here, where ``device_put`` may alias the NumPy buffer).
 * ``ceiling``: a plain single-thread ``memmap[sorted idx]`` gather of each shuffled batch from
   ``.npy`` files (what one core does with no loader at all).
 * ``torch``: ``torch.utils.data.DataLoader`` with 2 worker processes over the same memmap, a
@@ -12,7 +16,11 @@ Side by side, each peer in a fresh subprocess (so each peak RSS is its own):
   grain.ReadOptions(num_threads=2, prefetch_buffer_size=16))`` over the same memmap (Grain reads
   records one by one and stacks them, its natural path).
 
-Every peer reads every row of one epoch per repeat; the best of ``--repeats`` is reported. Peak RSS
+Every peer reads every row of one epoch per round; the peers take turns, one epoch each, so load from
+other processes on a shared machine hits them alike. ``rows/s`` is the median epoch after the first
+and ``vs ceiling`` the median of the per-round ratios (steady state: headrace checksums each record
+the first time a process reads it, which the first epoch column shows; the other peers do no
+integrity checks at all). Peak RSS
 is ``ru_maxrss`` of the peer's process plus its largest child (torch workers); it counts the mmap'd
 page-cache pages a peer touched, which are shared and reclaimable, so ``anon MB`` (the peak of the
 process's anonymous RSS, sampled every 10 ms) says what a peer really allocated.
@@ -23,7 +31,7 @@ the loader evaluates for each batch).
 Run::
 
     .venv/bin/python benchmarks/bench_loader.py            # ~1-2 minutes on 2 cores
-    .venv/bin/python benchmarks/bench_loader.py --rows 50000 --repeats 1   # a quick look
+    .venv/bin/python benchmarks/bench_loader.py --rows 50000 --rounds 2   # a quick look
 
 Data is generated once under ``benchmarks/_data/bench_loader/`` (gitignored, ~1.2 GB).
 """
@@ -47,7 +55,7 @@ ROW_BYTES = 3_072
 DEFAULT_ROWS = 200_000
 BATCH = 256
 DATA = Path(__file__).resolve().parent / "_data" / "bench_loader"
-PEERS = ("ceiling", "headrace", "torch", "grain")
+PEERS = ("ceiling", "headrace", "headrace-torch", "headrace-jax", "torch", "grain")
 
 
 # ---------------------------------------------------------------------------------------- data
@@ -133,14 +141,58 @@ def run_ceiling(root: Path, rows: int, repeat: int) -> int:
     return n
 
 
-def run_headrace(root: Path, rows: int, repeat: int, threads: int | None = None) -> int:
+_STORE: Any = None
+
+
+def run_headrace(root: Path, rows: int, repeat: int) -> int:
     import headrace
 
+    global _STORE
+    if _STORE is None:
+        # One Store for all repeats, as in training: its default verify="first" checksums each
+        # record the first time this process reads it, so the first epoch also pays for crc32c.
+        _STORE = headrace.open(root / "store")
     n = 0
-    with headrace.Loader(root / "store", batch=BATCH, order="shuffle", seed=repeat, epochs=1,
-                         threads=threads) as loader:
+    with headrace.Loader(_STORE, batch=BATCH, order="shuffle", seed=repeat, epochs=1) as loader:
         for batch in loader:
             n += min(len(batch["x"]), len(batch["label"]))
+    return n
+
+
+def run_headrace_torch(root: Path, rows: int, repeat: int) -> int:
+    """headrace through its torch adapter and a ``DataLoader(num_workers=0)``: tensors, no copy."""
+    import torch.utils.data
+
+    import headrace
+    import headrace.torch
+
+    global _STORE
+    if _STORE is None:
+        _STORE = headrace.open(root / "store")
+    ds = headrace.torch.IterableDataset(_STORE, batch=BATCH, order="shuffle", seed=repeat,
+                                        epochs=1)
+    n = 0
+    for batch in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0):
+        n += min(len(batch["x"]), len(batch["label"]))
+    ds.close()
+    return n
+
+
+def run_headrace_jax(root: Path, rows: int, repeat: int) -> int:
+    """headrace through ``headrace.jax.iterator`` onto JAX's default device, 2 batches ahead."""
+    import jax
+
+    import headrace
+    import headrace.jax
+
+    global _STORE
+    if _STORE is None:
+        _STORE = headrace.open(root / "store")
+    n = 0
+    with headrace.Loader(_STORE, batch=BATCH, order="shuffle", seed=repeat, epochs=1) as loader:
+        for batch in headrace.jax.iterator(loader, prefetch=2):
+            n += min(len(batch["x"]), len(batch["label"]))
+        jax.block_until_ready(batch)
     return n
 
 
@@ -227,30 +279,69 @@ def sampler_seconds_per_batch(rows: int, batches: int = 2_000) -> float:
     return (time.perf_counter() - t0) / batches
 
 
-RUNNERS = {"ceiling": run_ceiling, "headrace": run_headrace, "torch": run_torch,
-           "grain": run_grain}
+RUNNERS = {"ceiling": run_ceiling, "headrace": run_headrace,
+           "headrace-torch": run_headrace_torch, "headrace-jax": run_headrace_jax,
+           "torch": run_torch, "grain": run_grain}
 
 
-def run_peer(peer: str, root: Path, rows: int, repeats: int) -> dict[str, Any]:
-    """Runs one peer in this process and returns its measurements."""
+def serve_peer(peer: str, root: Path, rows: int) -> None:
+    """Child process: runs one epoch of ``peer`` per ``run`` line on stdin, prints JSON lines."""
     anon = AnonPeak()
-    best = float("inf")
-    got = 0
-    for repeat in range(repeats):
-        t0 = time.perf_counter()
-        got = RUNNERS[peer](root, rows, repeat)
-        best = min(best, time.perf_counter() - t0)
-        if got != rows:
-            raise RuntimeError(f"{peer} delivered {got} rows, expected {rows}")
-    anon_kb = anon.stop()
-    self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    out: dict[str, Any] = {"peer": peer, "rows": got, "seconds": best,
-                           "rows_per_s": got / best, "peak_rss_mb": (self_kb + child_kb) / 1024,
-                           "anon_mb": anon_kb / 1024}
+    repeat = 0
+    print(json.dumps({"ready": peer}), flush=True)
+    for line in sys.stdin:
+        if line.strip() == "run":
+            t0 = time.perf_counter()
+            got = RUNNERS[peer](root, rows, repeat)
+            seconds = time.perf_counter() - t0
+            repeat += 1
+            if got != rows:
+                raise RuntimeError(f"{peer} delivered {got} rows, expected {rows}")
+            print(json.dumps({"seconds": seconds}), flush=True)
+        else:
+            break
+    out: dict[str, Any] = {
+        "anon_mb": anon.stop() / 1024,
+        "peak_rss_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                        + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024}
     if peer == "headrace":
         out["sampler_s_per_batch"] = sampler_seconds_per_batch(rows)
-    return out
+    print(json.dumps(out), flush=True)
+
+
+class Peer:
+    """A peer's child process, driven one epoch at a time."""
+
+    def __init__(self, name: str, rows: int) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--peer", name, "--rows", str(rows)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.seconds: list[float] = []
+        self.final: dict[str, Any] = {}
+        self._read()  # the "ready" line
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"peer {self.name} exited with {self.proc.wait()}")
+        result: dict[str, Any] = json.loads(line)
+        return result
+
+    def epoch(self) -> float:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        self.seconds.append(float(self._read()["seconds"]))
+        return self.seconds[-1]
+
+    def finish(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("done\n")
+        self.proc.stdin.flush()
+        self.final = self._read()
+        self.proc.wait()
 
 
 # ---------------------------------------------------------------------------------------- main
@@ -259,47 +350,56 @@ def run_peer(peer: str, root: Path, rows: int, repeats: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=DEFAULT_ROWS)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="epochs per peer; the first is reported on its own")
     parser.add_argument("--peers", default=",".join(PEERS),
                         help=f"comma-separated subset of {','.join(PEERS)}")
-    parser.add_argument("--peer", help=argparse.SUPPRESS)  # internal: run one peer, print JSON
+    parser.add_argument("--peer", help=argparse.SUPPRESS)  # internal: serve one peer
     args = parser.parse_args()
 
-    root = DATA / f"{args.rows}x{ROW_BYTES}"
     if args.peer:
-        print(json.dumps(run_peer(args.peer, root, args.rows, args.repeats)))
+        serve_peer(args.peer, DATA / f"{args.rows}x{ROW_BYTES}", args.rows)
         return
 
     t0 = time.perf_counter()
-    peers = args.peers.split(",")
-    root = prepare(args.rows, store="headrace" in peers)
+    names = args.peers.split(",")
+    root = prepare(args.rows, store=any(n.startswith("headrace") for n in names))
     warm(root)
     print(f"data: {args.rows:,} x {ROW_BYTES:,} B uint8 + int64 labels in {root} "
           f"(ready in {time.perf_counter() - t0:.1f} s, page cache warm); batch {BATCH}, "
-          f"shuffled, best of {args.repeats}, {os.cpu_count()} CPUs")
-    results = []
+          f"shuffled, {args.rounds} rounds of one epoch per peer, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.1f} at start")
+    peers = [Peer(name, args.rows) for name in names]
+    # Round-robin epochs: on a shared machine, load changes hit every peer alike, and each ratio
+    # compares epochs run back to back.
+    for _ in range(args.rounds):
+        for peer in peers:
+            peer.epoch()
     for peer in peers:
-        proc = subprocess.run([sys.executable, __file__, "--peer", peer, "--rows", str(args.rows),
-                               "--repeats", str(args.repeats)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            print(f"{peer}: FAILED\n{proc.stderr[-3000:]}")
-            continue
-        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        peer.finish()
 
-    ceiling = next((r["rows_per_s"] for r in results if r["peer"] == "ceiling"), None)
+    def steady(peer: Peer) -> list[float]:
+        return peer.seconds[1:] or peer.seconds
+
+    ceiling = next((p for p in peers if p.name == "ceiling"), None)
     print()
-    print("| peer | rows/s | vs ceiling | peak RSS MB | anon MB |")
-    print("|---|---:|---:|---:|---:|")
-    for r in results:
-        ratio = f"{r['rows_per_s'] / ceiling:.2f}x" if ceiling else "-"
-        print(f"| {r['peer']} | {r['rows_per_s']:,.0f} | {ratio} | {r['peak_rss_mb']:,.0f} | "
-              f"{r['anon_mb']:,.0f} |")
-    for r in results:
-        if "sampler_s_per_batch" in r:
-            per_batch = BATCH / r["rows_per_s"]
-            print(f"\nsampler: {r['sampler_s_per_batch'] * 1e6:.1f} us per batch of {BATCH} = "
-                  f"{100 * r['sampler_s_per_batch'] / per_batch:.2f}% of headrace's "
-                  f"{per_batch * 1e6:.0f} us per batch")
+    print("| peer | rows/s | vs ceiling | first epoch rows/s | peak RSS MB | anon MB |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for peer in peers:
+        rate = args.rows / float(np.median(steady(peer)))
+        ratio = "-"
+        if ceiling is not None:
+            ratios = [c / s for c, s in zip(steady(ceiling), steady(peer), strict=True)]
+            ratio = f"{np.median(ratios):.2f}x"
+        print(f"| {peer.name} | {rate:,.0f} | {ratio} | {args.rows / peer.seconds[0]:,.0f} | "
+              f"{peer.final['peak_rss_mb']:,.0f} | {peer.final['anon_mb']:,.0f} |")
+    for peer in peers:
+        if "sampler_s_per_batch" in peer.final:
+            per_batch = float(np.median(steady(peer))) * BATCH / args.rows
+            sampler = peer.final["sampler_s_per_batch"]
+            print(f"\nsampler: {sampler * 1e6:.1f} us per batch of {BATCH} = "
+                  f"{100 * sampler / per_batch:.2f}% of headrace's {per_batch * 1e6:.0f} us "
+                  "per batch")
 
 
 if __name__ == "__main__":
