@@ -78,15 +78,26 @@ def test_jax_uninitialized_is_single_process():
 
 
 def test_jax_distributed_two_processes(tmp_path):
-    """Two real processes joined by jax.distributed on loopback: each reads its process index."""
+    """Two real processes joined by jax.distributed on loopback: each reads its process index,
+    and ``agree`` compares through jax's collectives (a disagreement fails on both)."""
     port = _free_port()
     code = (
         "import sys, jax\n"
+        "jax.config.update('jax_cpu_collectives_implementation', 'gloo')\n"
         "jax.distributed.initialize(coordinator_address=f'127.0.0.1:{sys.argv[1]}',"
         " num_processes=2, process_id=int(sys.argv[2]), initialization_timeout=60)\n"
+        "from headrace import ConfigError\n"
+        "from headrace._agree import agree\n"
         "from headrace._launcher import detect\n"
         "got = detect(environ={})\n"
-        "print(got.rank, got.world_size, got.launcher)\n"
+        "same = agree(got, {'fingerprint': 'f', 'seed': 1, 'seed_proposal': got.rank}, env={})\n"
+        "assert [p['seed_proposal'] for p in same] == [0, 0], same  # rank 0's choice wins\n"
+        "try:\n"
+        "    agree(got, {'fingerprint': 'f', 'seed': got.rank}, env={})\n"
+        "    print('agreed')\n"
+        "except ConfigError as e:\n"
+        "    assert 'rank 1 differs from rank 0' in str(e), e\n"
+        "    print(got.rank, got.world_size, got.launcher)\n"
         "jax.distributed.shutdown()\n"
     )
     procs = [subprocess.Popen([sys.executable, "-c", code, str(port), str(i)],
@@ -97,7 +108,7 @@ def test_jax_distributed_two_processes(tmp_path):
     for p in procs:
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err[-2000:]
-        outs.append(out.split())
+        outs.append(out.strip().splitlines()[-1].split())  # gloo prints a line of its own
     assert sorted(outs) == [["0", "2", "jax"], ["1", "2", "jax"]]
 
 

@@ -86,8 +86,10 @@ def _gather_jax(launch: Launch, payload: dict[str, Any]) -> list[dict[str, Any]]
 
     # Collectives move arrays, not objects: exchange a digest of the canonical JSON plus rank 0's
     # full payload (for messages and for values rank 0 chooses, like a seed left to it).
+    compared = {k: v for k, v in payload.items() if not k.endswith("_proposal")}
+    digest = np.frombuffer(hashlib.sha256(json.dumps(compared, sort_keys=True).encode()).digest(),
+                           dtype=np.uint8)
     text = json.dumps(payload, sort_keys=True).encode()
-    digest = np.frombuffer(hashlib.sha256(text).digest(), dtype=np.uint8)
     digests = np.asarray(multihost_utils.process_allgather(digest))
     size = np.asarray(multihost_utils.broadcast_one_to_all(np.int64(len(text))))
     buf = np.zeros(int(size), dtype=np.uint8)
@@ -168,6 +170,9 @@ def agree(launch: Launch, payload: dict[str, Any], *, what: str = "the dataset",
         raise ConfigError(
             f"ranks disagree on {what} (checked through {engine}): " + "; ".join(problems[:8])
             + (f"; ... {len(problems) - 8} more" if len(problems) > 8 else "")
+            + f" (this is rank {launch.rank}: "
+            + json.dumps({k: v for k, v in payload.items() if not k.endswith("_proposal")},
+                         sort_keys=True) + ")"
             + ". Every rank must open the same snapshot with the same seed, order and batch size "
             "(pin the snapshot, e.g. 'path@sha256:...', and pass the same seed everywhere)")
     return everyone
