@@ -267,7 +267,7 @@ def run_grain(root: Path, rows: int, repeat: int) -> int:
     return n
 
 
-def sampler_seconds_per_batch(rows: int, batches: int = 2_000) -> float:
+def sampler_seconds_per_batch(rows: int, batches: int = 782) -> float:
     """Wall time of the shuffle order for one batch, as the loader evaluates it."""
     from headrace._order import make_order
 
@@ -297,15 +297,16 @@ def serve_peer(peer: str, root: Path, rows: int) -> None:
             repeat += 1
             if got != rows:
                 raise RuntimeError(f"{peer} delivered {got} rows, expected {rows}")
-            print(json.dumps({"seconds": seconds}), flush=True)
+            result = {"seconds": seconds}
+            if peer == "headrace":  # timed right after the epoch, under the same machine load
+                result["sampler_s_per_batch"] = sampler_seconds_per_batch(rows)
+            print(json.dumps(result), flush=True)
         else:
             break
     out: dict[str, Any] = {
         "anon_mb": anon.stop() / 1024,
         "peak_rss_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
                         + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024}
-    if peer == "headrace":
-        out["sampler_s_per_batch"] = sampler_seconds_per_batch(rows)
     print(json.dumps(out), flush=True)
 
 
@@ -318,6 +319,7 @@ class Peer:
             [sys.executable, __file__, "--peer", name, "--rows", str(rows)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.seconds: list[float] = []
+        self.sampler_s: list[float] = []
         self.final: dict[str, Any] = {}
         self._read()  # the "ready" line
 
@@ -333,7 +335,10 @@ class Peer:
         assert self.proc.stdin is not None
         self.proc.stdin.write("run\n")
         self.proc.stdin.flush()
-        self.seconds.append(float(self._read()["seconds"]))
+        result = self._read()
+        self.seconds.append(float(result["seconds"]))
+        if "sampler_s_per_batch" in result:
+            self.sampler_s.append(float(result["sampler_s_per_batch"]))
         return self.seconds[-1]
 
     def finish(self) -> None:
@@ -393,13 +398,14 @@ def main() -> None:
             ratio = f"{np.median(ratios):.2f}x"
         print(f"| {peer.name} | {rate:,.0f} | {ratio} | {args.rows / peer.seconds[0]:,.0f} | "
               f"{peer.final['peak_rss_mb']:,.0f} | {peer.final['anon_mb']:,.0f} |")
+    batches = -(-args.rows // BATCH)
     for peer in peers:
-        if "sampler_s_per_batch" in peer.final:
-            per_batch = float(np.median(steady(peer))) * BATCH / args.rows
-            sampler = peer.final["sampler_s_per_batch"]
-            print(f"\nsampler: {sampler * 1e6:.1f} us per batch of {BATCH} = "
-                  f"{100 * sampler / per_batch:.2f}% of headrace's {per_batch * 1e6:.0f} us "
-                  "per batch")
+        if peer.sampler_s:
+            shares = [b / (e / batches) for b, e in zip(peer.sampler_s, peer.seconds, strict=True)]
+            per_batch = float(np.median(steady(peer))) / batches
+            print(f"\nsampler: {np.median(peer.sampler_s[1:] or peer.sampler_s) * 1e6:.1f} us per "
+                  f"batch of {BATCH}; median share of headrace's time per batch "
+                  f"({per_batch * 1e6:.0f} us): {100 * np.median(shares[1:] or shares):.2f}%")
 
 
 if __name__ == "__main__":
