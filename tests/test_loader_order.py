@@ -6,10 +6,13 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import headrace
 from _loader_util import take
 from headrace._order import make_order
+from headrace._plan import BatchPlan
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -122,3 +125,31 @@ def test_bad_arguments():
         headrace.Loader(COLS, drop_last=True, tail="pad")
     with pytest.raises(headrace.ConfigError, match="needs at least one record"):
         headrace.Loader({"v": np.zeros(0)}, epochs=None)
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(1, 40), b=st.integers(1, 9), w=st.integers(1, 4), epochs=st.integers(1, 3),
+       tail=st.sampled_from(["drop", "pad", "partial"]), data=st.data())
+def test_plan_properties(n, b, w, epochs, tail, data):
+    plans = [BatchPlan(length=n, batch=b, rank=r, world_size=w, tail=tail, start_position=0,
+                       end_position=epochs * n) for r in range(w)]
+    steps = [list(p.steps()) for p in plans]
+    for p, s in zip(plans, steps, strict=True):
+        assert p.count() == len(s)
+        afters = [x.after for x in s]
+        assert afters == sorted(afters) and all(a <= epochs * n for a in afters)
+    for e in range(epochs):  # per epoch, ranks together read each position at most once
+        pos = [q for s in steps for x in s if x.positions is None and e * n <= x.start < (e + 1) * n
+               for q in range(x.start, x.start + x.count)]
+        assert len(pos) == len(set(pos))
+        assert all(e * n <= q < (e + 1) * n for q in pos)
+        if tail == "partial":
+            assert sorted(pos) == list(range(e * n, (e + 1) * n))
+    # Resuming rank 0 from any step's `after` (same world size) gives the rest of its stream.
+    s0 = steps[0]
+    if s0:
+        k = data.draw(st.integers(0, len(s0) - 1))
+        resumed = BatchPlan(length=n, batch=b, rank=0, world_size=w, tail=tail,
+                            start_position=s0[k].after, end_position=epochs * n)
+        rest = [(x.start, x.count, x.after) for x in resumed.steps()]
+        assert rest == [(x.start, x.count, x.after) for x in s0[k + 1:]]

@@ -36,10 +36,11 @@ from headrace._budget import ByteBudget
 from headrace._config import Constraints, ResolvedConfig, RuntimeConfig, resolve_config
 from headrace._errors import ConfigError, HeadraceError, LoaderError, MemoryCapError
 from headrace._order import Mode, Order, make_order
+from headrace._plan import BatchPlan, Step
 from headrace._sources import Source, open_source, payload_nbytes
 from headrace._stats import LoaderCounters, print_line
 
-__all__ = ["BatchPlan", "Loader"]
+__all__ = ["Loader"]
 
 Transform = Callable[[dict[str, Any], np.ndarray], Any]
 _TAILS = ("partial", "drop", "pad")
@@ -47,85 +48,6 @@ _JOIN_TIMEOUT_S = 10.0
 _RAM_POLL_S = 0.005
 _RAM_SAMPLE_AGE_S = 0.01  # reuse a memory sample this young when far from the RAM cap
 _RAM_WAIT_S = 5.0  # how long next() waits on an over-cap process before raising MemoryCapError
-
-
-@dataclass(frozen=True)
-class _Step:
-    """Rank-local batch ``k``: positions ``[start, start+count)`` or explicit (padded) positions."""
-
-    start: int
-    count: int
-    positions: np.ndarray | None  # set only for a padded tail that wraps around the epoch
-    after: int  # global position of the first sample not consumed once this batch is delivered
-
-
-class BatchPlan:
-    """Pure arithmetic: which global positions each of this rank's batches holds.
-
-    Rank ``r`` of ``W`` with batch ``B`` reads positions ``base + (k*W + r)*B .. + B`` where
-    ``base`` is the position the loader (or the epoch) starts from. In epoch mode a segment ends
-    at the epoch boundary; ``tail`` decides the incomplete last global step: ``"drop"`` it,
-    give ``"partial"`` batches (ranks may then differ by one batch), or ``"pad"`` every rank to a
-    full batch by wrapping around to the epoch's first positions.
-    """
-
-    def __init__(self, *, length: int, batch: int, rank: int, world_size: int, tail: str,
-                 start_position: int, end_position: int | None) -> None:
-        self.length = length
-        self.batch = batch
-        self.rank = rank
-        self.world_size = world_size
-        self.tail = tail
-        self.start_position = start_position
-        self.end_position = end_position  # None = endless
-
-    def _segment_count(self, remaining: int) -> int:
-        g = self.world_size * self.batch
-        full, rem = divmod(remaining, g)
-        if rem and (self.tail == "pad" or (self.tail == "partial" and rem > self.rank * self.batch)):
-            full += 1
-        return full
-
-    def count(self) -> int:
-        """Batches this rank will read (TypeError when endless)."""
-        if self.end_position is None:
-            raise TypeError("Eternal loader has no length.")
-        n, pos, total = self.length, self.start_position, 0
-        if n == 0 or pos >= self.end_position:
-            return 0
-        first_end = (pos // n + 1) * n
-        total += self._segment_count(first_end - pos)
-        whole = (self.end_position - first_end) // n
-        return total + whole * self._segment_count(n)
-
-    def steps(self) -> Iterator[_Step]:
-        b, w, r = self.batch, self.world_size, self.rank
-        g = w * b
-        if self.end_position is None:
-            base = self.start_position
-            k = 0
-            while True:
-                yield _Step(base + (k * w + r) * b, b, None, base + (k + 1) * g)
-                k += 1
-        n = self.length
-        seg = self.start_position
-        while n and seg < self.end_position:
-            epoch_start = (seg // n) * n
-            epoch_end = epoch_start + n
-            full, rem = divmod(epoch_end - seg, g)
-            for s in range(full):
-                after = seg + (s + 1) * g
-                if s == full - 1 and (rem == 0 or self.tail == "drop"):
-                    after = epoch_end
-                yield _Step(seg + s * g + r * b, b, None, after)
-            last = seg + full * g + r * b
-            if rem and self.tail == "partial" and rem > r * b:
-                yield _Step(last, min(b, rem - r * b), None, epoch_end)
-            elif rem and self.tail == "pad":
-                pos = last + np.arange(b, dtype=np.int64)
-                wrapped = epoch_start + (pos - epoch_start) % n
-                yield _Step(last, b, wrapped, epoch_end)
-            seg = epoch_end
 
 
 @dataclass
@@ -149,7 +71,7 @@ class _Engine:
     (worker -> consumer) keeps the per-batch overhead low.
     """
 
-    def __init__(self, *, source: Source, order: Order | None, offset: int, steps: Iterator[_Step],
+    def __init__(self, *, source: Source, order: Order | None, offset: int, steps: Iterator[Step],
                  transform: Transform | None, transform_nbytes: Callable[[int], int] | None,
                  cfg: ResolvedConfig, budget: ByteBudget, counters: LoaderCounters) -> None:
         self.source = source
@@ -179,7 +101,7 @@ class _Engine:
 
     # -- dispatch (one worker at a time, under dispatch_lock) ------------------------------------
 
-    def _ids(self, step: _Step) -> np.ndarray:
+    def _ids(self, step: Step) -> np.ndarray:
         assert self.order is not None
         if step.positions is not None:
             ids = self.order.indices(step.positions)
@@ -368,7 +290,7 @@ class Loader:
         epochs: how many epochs to read; ``None`` = endless (step-based; batches run across epoch
             boundaries and each epoch is reshuffled).
         drop_last: drop an incomplete last batch of each epoch (same as ``tail="drop"``).
-        rank, world_size: read rank ``rank``'s share of the global stream (see ``BatchPlan``).
+        rank, world_size: read rank ``rank``'s share of the global stream (see ``headrace._plan.BatchPlan``).
         tail: incomplete last global step of an epoch: ``"partial"`` (default for one rank),
             ``"pad"`` (default for several ranks: all ranks get the same number of full
             batches) or ``"drop"``.
