@@ -124,3 +124,21 @@ def test_flip_in_uncommitted_tail_is_harmless(base, tmp_path):
         f.write(b"\xff" * 16)  # an entry past N, as a crashed append would leave
     assert headrace.verify(path).ok
     assert len(headrace.open(path)) == N
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4", "deflate"])
+@pytest.mark.parametrize("delta", [-1, 1])
+def test_wrong_decoded_size_is_caught_without_checksums(tmp_path, codec, delta):
+    # verify="never" skips checksums; a decoded size that disagrees with the aux file must still
+    # fail loudly instead of returning a short or overlong record
+    path = tmp_path / "s"
+    with headrace.create(path, fields={"b": {"dtype": "bytes", "codec": codec}}) as w:
+        w.append({"b": [bytes(range(256)) * 100, b"abc" * 10]})
+    aux = np.fromfile(path / "b.aux", _format.AUX_DTYPE)
+    aux[0]["nbytes"] = int(aux[0]["nbytes"]) + delta
+    aux.tofile(path / "b.aux")
+    s = headrace.open(path, verify="never")
+    with pytest.raises(headrace.CorruptionError, match=r"record ids \[0\]"):
+        s.gather([1, 0])
+    assert s.gather([1])["b"][0].tobytes() == b"abc" * 10
+    assert headrace.verify(path).bad == {"b": [0]}

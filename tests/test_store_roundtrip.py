@@ -174,3 +174,13 @@ def test_property_round_trip(tmp_path_factory, batches, codec, chunk_bytes):
     assert [a.tobytes() for a in got["b"].to_list()] == [b for b, _ in flat][::-1]
     assert got["n"].tolist() == [v for _, v in flat][::-1]
     assert headrace.verify(path).ok
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_large_records_decode_in_place(tmp_path, codec):
+    rng = np.random.default_rng(5)
+    recs = [rng.integers(0, 8, int(k), dtype=np.uint8).tobytes() for k in (70_000, 0, 20_000, 5)]
+    with headrace.create(tmp_path / "s", fields={"b": {"dtype": "bytes", "codec": codec}}) as w:
+        w.append({"b": recs})
+    got = headrace.open(tmp_path / "s").gather([3, 0, 2, 1, 0])["b"]
+    assert [a.tobytes() for a in got.to_list()] == [recs[i] for i in (3, 0, 2, 1, 0)]

@@ -32,6 +32,9 @@ class Codec:
     name: str
     encode: Callable[[Buffer], Buffer]
     decode: Callable[[Buffer, int], Buffer]
+    # decode_into(buf, out): decodes straight into the writable buffer ``out`` (exactly its size),
+    # skipping a copy; None where the codec's Python binding cannot
+    decode_into: Callable[[Buffer, memoryview], None] | None = None
 
 
 _local = threading.local()
@@ -56,6 +59,18 @@ def _zstd_d() -> Any:
 def _zstd_decode(buf: Buffer, nbytes: int) -> bytes:
     out: bytes = _zstd_d().decompress(buf, max_output_size=nbytes)
     return out
+
+
+def _zstd_decode_into(buf: Buffer, out: memoryview) -> None:
+    reader = _zstd_d().stream_reader(buf, read_across_frames=False)
+    view, done = out.cast("B"), 0
+    while done < len(view):
+        n = reader.readinto(view[done:])
+        if not n:
+            raise ValueError(f"zstd frame ends after {done} bytes, expected {len(view)}")
+        done += n
+    if reader.read(1):
+        raise ValueError(f"zstd frame holds more than the expected {len(view)} bytes")
 
 
 def _lz4_encode(buf: Buffer) -> bytes:
@@ -85,7 +100,7 @@ def _deflate_decode(buf: Buffer, nbytes: int) -> bytes:
 
 CODECS: dict[str, Codec] = {
     "raw": Codec("raw", lambda b: b, lambda b, n: b),
-    "zstd": Codec("zstd", lambda b: _zstd_c().compress(b), _zstd_decode),
+    "zstd": Codec("zstd", lambda b: _zstd_c().compress(b), _zstd_decode, _zstd_decode_into),
     "lz4": Codec("lz4", _lz4_encode, _lz4_decode),
     "deflate": Codec("deflate", _deflate_encode, _deflate_decode),
 }

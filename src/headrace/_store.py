@@ -39,6 +39,7 @@ _VERIFY_MODES = ("first", "always", "never")
 _EMPTY = np.empty(0, np.uint8)
 _EMPTY.flags.writeable = False
 _NONE = np.zeros(0, bool)
+_DECODE_INTO_BYTES = 16 << 10  # below this, decode-then-copy is as fast as decoding in place
 
 
 class Ragged(NamedTuple):
@@ -283,6 +284,7 @@ class Store:
             np.cumsum(nb, out=starts[1:])
             out = np.empty(int(starts[-1]), np.uint8)
         flat = out.reshape(-1)
+        into = f.codec.decode_into
         for j, c, o, n, m, s in zip(range(len(idx)), cid.tolist(), off.tolist(), ln.tolist(),
                                      nb.tolist(), starts.tolist(), strict=False):
             if n == 0:
@@ -292,10 +294,13 @@ class Store:
                 flat[s:s + n] = src
                 continue
             try:
+                if into is not None and m >= _DECODE_INTO_BYTES:  # no intermediate copy
+                    into(src, memoryview(flat[s:s + m]))  # type: ignore[arg-type]
+                    continue
                 dec = f.codec.decode(src, m)
             except Exception as e:
                 raise corrupt(f.spec, idx[j:j + 1], f"{f.spec.codec} data does not decode "
-                               f"({type(e).__name__}: {e})") from e
+                              f"({type(e).__name__}: {e})") from e
             if len(dec) != m:
                 raise corrupt(f.spec, idx[j:j + 1], f"decodes to {len(dec)} bytes, expected {m}")
             flat[s:s + m] = np.frombuffer(dec, np.uint8)
