@@ -343,3 +343,23 @@ def test_shared_budget_invariant_under_contention():
 
 def test_mixed_loader_is_exported():
     assert headrace.mix is mix and headrace.MixedLoader is MixedLoader
+
+
+def test_distributed_loaders_mix_and_resume():
+    """A rank's DistributedDataLoaders are mix sources too (shared budget, exact resume)."""
+
+    def sources():
+        return [headrace.DistributedDataLoader({"x": np.arange(40) + OFF * i}, batch=4, rank=1,
+                                               world_size=2, check=False, threads=1)
+                for i in range(2)]
+
+    with mix(sources(), weights=[1, 1], on_source_exhausted="drop") as m:
+        assert m.stats()["mix_shared_budget"]
+        first = _drain(m, 3)
+        token = m.checkpoint()
+        rest = _drain(m)
+    assert sorted(v for b in first + rest for v in b) == sorted(
+        [v for i in range(2) for k in range(5) for v in range(OFF * i + 8 * k + 4,
+                                                              OFF * i + 8 * k + 8)])
+    with mix(sources(), weights=[1, 1], on_source_exhausted="drop", resume=token) as resumed:
+        assert _drain(resumed) == rest
