@@ -293,7 +293,8 @@ class Loader:
         rank, world_size: read rank ``rank``'s share of the global stream (see ``headrace._plan.BatchPlan``).
         tail: incomplete last global step of an epoch: ``"partial"`` (default for one rank),
             ``"pad"`` (default for several ranks: all ranks get the same number of full
-            batches) or ``"drop"``.
+            batches) or ``"drop"``. ``tail`` and ``drop_last`` only matter in epoch mode: an
+            endless loader's batches are always full and run across epoch boundaries.
         start, end: read only records ``[start, end)`` (the order maps into that range).
         transform: ``fn(batch, ids) -> batch``, runs in worker threads.
         transform_nbytes: ``fn(n_records) -> bytes`` the transform allocates (counted in the cap).
