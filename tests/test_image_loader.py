@@ -232,3 +232,16 @@ def test_generic_loader_reads_folder_and_mx8_sources(tree, tmp_path):
     with headrace.Loader(pack, batch=17) as ld:
         batch = next(ld)
     assert bytes(batch["image"][16]) == (root / paths[16]).read_bytes()
+
+
+def test_endless_and_len(store):
+    with headrace.image(store, batch=8, resize=(8, 8), epochs=2) as ld:
+        assert len(ld) == 6  # 8 + 8 + 1 per epoch
+        assert sum(1 for _ in ld) == 6
+    with headrace.image(store, batch=8, resize=(8, 8), epochs=None, shuffle=True) as ld:
+        with pytest.raises(TypeError):
+            len(ld)
+        seen = [ld.last_ids.copy() for _ in zip(range(9), ld, strict=False)]
+        assert ld.epoch == 2  # 9 batches = 3 epochs of 8 + 8 + 1; the third is not yet over
+    ids = np.concatenate(seen)
+    assert sorted(ids[:17].tolist()) == list(range(17))
