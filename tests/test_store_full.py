@@ -138,3 +138,35 @@ def test_full_disk_during_compaction_keeps_last_commit(tmp_path, n_before):
     finally:
         if mounted:
             subprocess.run(["umount", "-l", mnt], check=False)
+
+
+@pytest.mark.parametrize("existing_dir", [False, True])
+def test_create_on_a_full_disk_leaves_nothing_behind(tmp_path, existing_dir):
+    path = str(tmp_path / "s")
+    if existing_dir:
+        os.mkdir(path)
+    code = textwrap.dedent(f"""
+        import headrace
+        try:
+            headrace.create({path!r}, fields={{"b": "bytes"}})
+        except headrace.StoreFullError as e:
+            print("full:", e)
+    """)
+    out = _run_code(code, fsize_limit=1)  # not even meta.json fits
+    assert out.startswith("full:") and "nothing was committed" in out
+    assert os.path.isdir(path) == existing_dir
+    if existing_dir:
+        assert os.listdir(path) == []
+    headrace.create(path, fields={"b": "bytes"}).close()  # and it can simply be retried
+    assert len(headrace.open(path)) == 0
+
+
+def _run_code(code, *, fsize_limit):
+    def limit():
+        import resource
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, preexec_fn=limit, check=True).stdout

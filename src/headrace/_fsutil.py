@@ -57,8 +57,11 @@ def acquire_lock(lock_path: str, store: str) -> int:
             f"store {store} already has a writer{who}; only one writer at a time is allowed: "
             "close the other writer (or wait for it to finish), or open the store read-only "
             "with headrace.open(path)") from None
-    os.ftruncate(fd, 0)
-    pwrite_all(fd, f"{os.getpid()}\n".encode(), 0)
+    try:  # informational only (error messages name the holder): a full disk must not block us
+        os.ftruncate(fd, 0)
+        pwrite_all(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass
     return fd
 
 

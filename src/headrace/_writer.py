@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import weakref
 from collections.abc import Iterable, Mapping
 from types import TracebackType
@@ -568,8 +569,15 @@ def create(path: str | os.PathLike[str], *, fields: Mapping[str, Any] | Iterable
         raise StoreExistsError(
             f"cannot create a store at {path}: it exists and is not an empty directory; pick "
             "a new path, or open the existing store with headrace.open(path, mode='a')")
-    os.makedirs(os.path.join(path, CHUNK_DIR), exist_ok=True)
+    made_dir = not os.path.exists(path)
+    try:
+        os.makedirs(os.path.join(path, CHUNK_DIR), exist_ok=True)
+    except OSError as e:
+        if is_disk_full(e):
+            raise store_full(path, e) from e
+        raise
     lock_fd = acquire_lock(os.path.join(path, _format.LOCK_NAME), path)
+    committed = False
     try:
         entries = []
         for s in specs:
@@ -583,12 +591,22 @@ def create(path: str | os.PathLike[str], *, fields: Mapping[str, Any] | Iterable
         _format.write_meta(path, Meta(
             length=0, generation=0, commit=0, chunk_bytes=max(1, int(chunk_mb * (1 << 20))),
             fields=tuple(entries), chunks=(), attrs=attrs_d))
+        committed = True
+        if made_dir:  # the new directory's own entry
+            _format.fsync_dir(os.path.dirname(os.path.abspath(path)))
         return Writer(path, lock_fd)
-    except OSError as e:
+    except BaseException as e:
         os.close(lock_fd)
+        if not committed:  # leave no half-made store behind: create() can simply be retried
+            if made_dir:
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                for name in os.listdir(path):
+                    full = os.path.join(path, name)
+                    if os.path.isdir(full):
+                        shutil.rmtree(full, ignore_errors=True)
+                    else:
+                        os.unlink(full)
         if is_disk_full(e):
-            raise store_full(path, e) from e
-        raise
-    except BaseException:
-        os.close(lock_fd)
+            raise store_full(path, e) from e  # type: ignore[arg-type]
         raise
