@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -176,3 +177,27 @@ def test_print_stats_is_one_line(capsys):
         ld.print_stats()
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("[headrace] batches=1 samples=8 ")
+
+
+def test_forked_child_gets_a_clear_error_instead_of_a_hang():
+    import multiprocessing as mp
+
+    ld = headrace.Loader(COLS, batch=8, epochs=None, threads=1)
+    next(ld)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_next, args=(ld, q))
+    with warnings.catch_warnings():  # Python >= 3.12 warns about fork with threads running
+        warnings.simplefilter("ignore", DeprecationWarning)
+        p.start()
+    p.join(30)
+    assert q.get(timeout=5).startswith("LoaderError: this loader was created in another process")
+    ld.close()
+
+
+def _child_next(ld, q):
+    try:
+        next(ld)
+        q.put("no error")
+    except Exception as e:
+        q.put(f"{type(e).__name__}: {e}")

@@ -22,6 +22,7 @@ Invariants:
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -94,6 +95,7 @@ class _Engine:
         self.closed = False
         self.ram_blocked_since: float | None = None
         self._steps = steps
+        self.pid = os.getpid()  # threads do not survive fork(): a child must build its own
         self.threads = [threading.Thread(target=self._work, name=f"headrace-worker-{i}",
                                          daemon=True) for i in range(cfg.threads)]
         for t in self.threads:
@@ -196,6 +198,10 @@ class _Engine:
 
     def take(self, ram_wait_s: float) -> _Result | None:
         """The next batch in order, or None at the end / after close."""
+        if os.getpid() != self.pid:
+            raise LoaderError("this loader was created in another process and its threads did "
+                              "not survive fork(); create the loader in the process that "
+                              "iterates it (e.g. inside each DataLoader worker)")
         with self.lock:
             k = self.next_deliver
             while k not in self.ready:
