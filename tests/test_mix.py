@@ -118,6 +118,8 @@ def test_realized_proportions_and_stats():
     with mix(sources, weights=[0.7, 0.3]) as m:
         got = [_who(b) for _, b in zip(range(500), m, strict=False)]
         s = m.stats()
+        summary = headrace.stats(m)
+    assert "Mode: mixed" in summary and "Step: 500" in summary
     assert got.count("A") == 350 and got.count("B") == 150
     assert s["mix_normalized_weights"] == [0.7, 0.3]  # normalized (mx8 reports raw weights)
     assert s["mix_requested_weights"] == [0.7, 0.3]

@@ -333,11 +333,14 @@ class MixedLoader:
             self.steps_since_emit[i] += 1
             if self.steps_since_emit[i] % self.starvation == 0:
                 self.starvation_total[i] += 1
-        total = self.total_inflight_bytes()
-        self.inflight_high_water_bytes = max(self.inflight_high_water_bytes, total)
-        cap = self.shared_max_inflight_bytes
-        if cap is not None and total > cap:
-            self.violation_total += 1
+        # With a shared budget this is one read; without one it asks every source's stats(), so
+        # sample it every 16 ticks only.
+        if self.budget is not None or self._sched.ticks % 16 == 0:
+            total = self.total_inflight_bytes()
+            self.inflight_high_water_bytes = max(self.inflight_high_water_bytes, total)
+            cap = self.shared_max_inflight_bytes
+            if cap is not None and total > cap:
+                self.violation_total += 1
         if self.snapshot_enabled and self._sched.ticks % self.snapshot_period_ticks == 0:
             self.snapshot_emitted_total += 1
             logger.info("mix_snapshot %s", json.dumps(self._snapshot(), sort_keys=True))
@@ -413,8 +416,17 @@ class MixedLoader:
                 "max_inflight_bytes": _source_cap(s),
                 "metrics": metrics,
             })
+        elapsed = time.monotonic() - self._started
+        caps = [m.get("max_process_rss_bytes") for m in (p["metrics"] for p in per_source)]
+        status = ("CLOSED" if self._closed else "DONE" if self._finished
+                  else "RUNNING" if self._sched.ticks else "WARMING")
         return {
+            "status": status, "mode": "mixed",
             "seed": self.seed, "epoch": self.epoch,
+            "samples_per_second": sum(self.delivered_samples) / elapsed if elapsed else 0.0,
+            "bytes_per_second": sum(self.delivered_bytes) / elapsed if elapsed else 0.0,
+            "consumer_wait_seconds": sum(self.wait_seconds),
+            "max_process_rss_bytes": max((c for c in caps if isinstance(c, int)), default=0),
             "delivered_batches_total": sum(self.delivered_batches),
             "delivered_samples_total": sum(self.delivered_samples),
             "delivered_bytes_total": sum(self.delivered_bytes),
@@ -444,7 +456,7 @@ class MixedLoader:
             "mix_shared_inflight_violation_total": self.violation_total,
             "mix_resume_source_checkpoint_mismatch_total": 0,
             "process_rss_bytes": sample_memory().rss_bytes,
-            "elapsed_seconds": time.monotonic() - self._started,
+            "elapsed_seconds": elapsed,
             "mix_sources": per_source,
         }
 
