@@ -201,3 +201,12 @@ def _child_next(ld, q):
         q.put("no error")
     except Exception as e:
         q.put(f"{type(e).__name__}: {e}")
+
+
+def test_summary_of_a_foreign_stats_dict():
+    class Other:
+        def stats(self):
+            return {"delivered_batches_total": 3, "mode": "mixed"}
+
+    text = headrace.stats(Other())
+    assert text.splitlines()[0] == "Status: RUNNING | Mode: mixed | Epoch: 0 | Step: 3"

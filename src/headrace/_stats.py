@@ -143,13 +143,13 @@ class LoaderCounters:
 
 def format_line(s: dict[str, Any]) -> str:
     """The ``print_stats()`` line (mx8's format, prefix ``[headrace]``, sizes in MiB)."""
-    return (f"[headrace] batches={s['delivered_batches_total']} "
-            f"samples={s['delivered_samples_total']} "
-            f"inflight={s['inflight_bytes'] / _MIB:.1f}MB "
-            f"rss={s['process_rss_bytes'] / _MIB:.1f}MB "
-            f"hwm={s['ram_high_water_bytes'] / _MIB:.1f}MB "
-            f"rate={s['samples_per_second']:.1f}/s "
-            f"wait={s['consumer_wait_seconds']:.2f}s")
+    return (f"[headrace] batches={s.get('delivered_batches_total', 0)} "
+            f"samples={s.get('delivered_samples_total', 0)} "
+            f"inflight={s.get('inflight_bytes', 0) / _MIB:.1f}MB "
+            f"rss={s.get('process_rss_bytes', 0) / _MIB:.1f}MB "
+            f"hwm={s.get('ram_high_water_bytes', 0) / _MIB:.1f}MB "
+            f"rate={s.get('samples_per_second', 0.0):.1f}/s "
+            f"wait={s.get('consumer_wait_seconds', 0.0):.2f}s")
 
 
 def _pressure(counted: int, cap: int) -> str:
@@ -164,25 +164,30 @@ def _pressure(counted: int, cap: int) -> str:
 
 
 def format_summary(s: dict[str, Any]) -> str:
-    """The multi-line human summary of ``headrace.stats(loader)`` (mx8's layout, A.11)."""
+    """The multi-line human summary of ``headrace.stats(loader)`` (mx8's layout, A.11).
+
+    Works on any stats dict (loaders, mixes, distributed loaders): missing keys show as 0 / n/a.
+    """
+    batches = s.get("delivered_batches_total", 0)
+    samples = s.get("delivered_samples_total", 0)
     cap = int(s.get("max_process_rss_bytes", 0) or 0)
-    counted = int(s.get("counted_rss_bytes", s.get("process_rss_bytes", 0)))
+    counted = int(s.get("counted_rss_bytes", s.get("process_rss_bytes", 0)) or 0)
     pct = 100.0 * counted / cap if cap else 0.0
     p50 = s.get("batch_payload_bytes_p50", 0)
-    ratio = f"{s['batch_payload_bytes_p95_over_p50']:.2f}" if p50 else "n/a"
+    ratio = f"{s.get('batch_payload_bytes_p95_over_p50', 0.0):.2f}" if p50 else "n/a"
+    status = s.get("status") or ("RUNNING" if batches else "WARMING")
     return "\n".join([
-        f"Status: {s.get('status', 'RUNNING')} | Mode: {s.get('mode', 'local')} | "
-        f"Epoch: {s.get('epoch', 0)} | Step: {s['delivered_batches_total']}",
-        f"Progress: {s['delivered_samples_total']} samples | "
-        f"{s['delivered_batches_total']} batches",
-        f"Throughput: {s['samples_per_second']:.1f} samples/s | "
+        f"Status: {status} | Mode: {s.get('mode', 'local')} | "
+        f"Epoch: {s.get('epoch', 0)} | Step: {batches}",
+        f"Progress: {samples} samples | {batches} batches",
+        f"Throughput: {s.get('samples_per_second', 0.0):.1f} samples/s | "
         f"{s.get('bytes_per_second', 0.0) / _GIB:.2f} GB/s",
         f"Memory: {counted / _GIB:.2f} GB / {cap / _GIB:.2f} GB ({pct:.1f}%) | "
         f"Pressure: {_pressure(counted, cap)}",
         f"Stability: p95/p50={ratio} | jitter_slo_breaches=n/a",
         f"Autotune: disabled | prefetch={s.get('prefetch_batches', 'n/a')} | "
         f"queue={s.get('max_queue_batches', 'n/a')} | threads={s.get('threads', 'n/a')} | "
-        f"consumer_wait={s['consumer_wait_seconds']:.2f}s | "
+        f"consumer_wait={s.get('consumer_wait_seconds', 0.0):.2f}s | "
         f"budget_wait={s.get('budget_wait_seconds', 0.0):.2f}s",
     ])
 
