@@ -53,6 +53,12 @@ def test_store_yields_resized_images_equal_to_reference_decode(tree, store):
     for i in (0, 9, 16):
         ref = decode((root / paths[i]).read_bytes(), size=(32, 40))
         np.testing.assert_allclose(images[i], ref.transpose(2, 0, 1) / 255.0, atol=1e-6)
+    u8, _, _ = _cat(_run(headrace.image(store, batch=5, resize=(32, 40), float_out=False,
+                                        layout="NHWC")))  # decoded straight into the batch
+    assert u8.dtype == np.uint8 and u8.shape == (17, 32, 40, 3)
+    for i in (0, 9, 16):
+        np.testing.assert_array_equal(u8[i], decode((root / paths[i]).read_bytes(),
+                                                    size=(32, 40)))
 
 
 def test_store_folder_and_mx8_pack_give_identical_batches(tree, store, tmp_path):
