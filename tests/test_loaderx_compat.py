@@ -83,9 +83,22 @@ def test_length_mismatch_and_bad_mode():
         headrace.DataLoader(DATA, LABELS, mode=7)
 
 
+class _WideZeros:
+    """A loaderx-style dataset of 64 records of 1 MiB each that gathers without allocating."""
+
+    dtype = np.dtype(np.uint8)
+    shape = (64, 1 << 20)
+
+    def __len__(self):
+        return 64
+
+    def __getitems__(self, ids):
+        return np.broadcast_to(np.uint8(0), (len(ids), 1 << 20))
+
+
 def test_large_batches_get_a_cap_that_fits():
-    big = np.zeros((64, 1 << 20), np.uint8)  # batch of 64 MiB, 8 of them exceed 256 MiB
-    with headrace.DataLoader(big, np.arange(64), num_workers=4, batch_size=64,
+    # Batches of 64 MiB: 4 workers + 4 prefetched exceed the 256 MiB profile default.
+    with headrace.DataLoader(_WideZeros(), np.arange(64), num_workers=4, batch_size=64,
                              prefetch_size=4, mode=0) as ld:
         assert next(ld)["data"].shape == (64, 1 << 20)
         assert ld.stats()["max_inflight_bytes"] >= 8 * (64 << 20)
