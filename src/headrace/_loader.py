@@ -395,13 +395,13 @@ class Loader:
                                end_position=None if self._end_epoch is None
                                else self._end_epoch * n)
         self._transform_nbytes = transform_nbytes
-        self._check_first_batch(n, transform_nbytes)
+        order = make_order(self._mode, n, seed=self.seed) if n else None
+        self._check_first_batch(order, transform_nbytes)
         self.last_ids = np.empty(0, np.int64)
         self._counters = LoaderCounters()
         shared = self._init_kwargs.get("budget")  # issue 6 (mix): a shared budget, if given
         self._budget = shared if shared is not None else ByteBudget(self._cfg.max_inflight_bytes)
         self._exhausted = False
-        order = make_order(self._mode, n, seed=self.seed) if n else None
         self._engine = _Engine(source=self.source, order=order, offset=lo,
                                steps=self._plan.steps(), transform=transform,
                                transform_nbytes=transform_nbytes, cfg=self._cfg,
@@ -410,12 +410,18 @@ class Loader:
         self._finalizer = weakref.finalize(self, _finalize, self._engine, self.source,
                                            self._owns_source)
 
-    def _check_first_batch(self, n: int, transform_nbytes: Callable[[int], int] | None) -> None:
-        """A cap smaller than one batch is an error now, with the minimum, never a hang later."""
-        if n == 0:
+    def _check_first_batch(self, order: Order | None,
+                           transform_nbytes: Callable[[int], int] | None) -> None:
+        """A cap smaller than one batch is an error now, with the minimum, never a hang later.
+
+        Measures a full batch starting where this rank's first batch starts: exact for
+        fixed-shape records; with ragged records a later, larger batch is caught when it comes.
+        """
+        first = next(self._plan.steps(), None)
+        if order is None or first is None:
             return
-        count = min(self.batch_size, n)
-        ids = np.arange(count, dtype=np.int64) + self._range[0]
+        count = min(self.batch_size, self.length)
+        ids = order.range(first.start, count) + self._range[0]
         need = int(self.source.nbytes(ids))
         if transform_nbytes is not None:
             need += int(transform_nbytes(count))
