@@ -5,7 +5,9 @@
 
 Setup (not timed): a moto S3 server in a child process on 127.0.0.1; ``--objects`` random files of
 ``0.5..1.5 x --kb`` KB written to a local folder and uploaded to ``s3://bench/raw/``; both packed
-into headrace stores (``headrace.pack``: local folder -> local store, S3 prefix -> S3 store).
+into headrace stores (``headrace.pack``: local folder -> local store, S3 prefix -> S3 store) with
+``--chunk-mb`` chunks (2 MB by default: moto reads a whole object to answer a range GET, so large
+chunks would measure moto, not the client; real S3 stores use 256 MB chunks).
 
 Each scenario runs in its own process, so its peak RSS (``ru_maxrss``) is its own; the import-only
 baseline is printed first. Scenarios, one epoch each (every record once):
@@ -178,7 +180,7 @@ SCENARIOS = [
 ]
 
 
-def setup(server_endpoint: str, data_dir: str, objects: int, kb: float) -> None:
+def setup(server_endpoint: str, data_dir: str, objects: int, kb: float, chunk_mb: float) -> None:
     import headrace
     from headrace._objstore import ObjectStore, S3Options
 
@@ -199,9 +201,9 @@ def setup(server_endpoint: str, data_dir: str, objects: int, kb: float) -> None:
                                              Path(raw, rel)), files))
     ms = os.path.join(data_dir, "ms")
     t0 = time.perf_counter()
-    headrace.pack(raw, out=os.path.join(data_dir, "store"), store=ms, chunk_mb=16)
+    headrace.pack(raw, out=os.path.join(data_dir, "store"), store=ms, chunk_mb=chunk_mb)
     t1 = time.perf_counter()
-    headrace.pack(f"s3://{BUCKET}/raw/", out=f"s3://{BUCKET}/store/", store=ms, chunk_mb=16,
+    headrace.pack(f"s3://{BUCKET}/raw/", out=f"s3://{BUCKET}/store/", store=ms, chunk_mb=chunk_mb,
                   endpoint=server_endpoint)
     t2 = time.perf_counter()
     total = sum(os.path.getsize(os.path.join(raw, r)) for r in files)
@@ -214,6 +216,8 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--objects", type=int, default=3000)
     ap.add_argument("--kb", type=float, default=20.0, help="mean object size in KB")
+    ap.add_argument("--chunk-mb", type=float, default=2.0,
+                    help="store chunk size (small by default: moto reads a whole object per range GET)")
     ap.add_argument("--only", nargs="*", default=None, help="scenario names to run")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)
@@ -232,7 +236,7 @@ def main() -> None:
     data_dir = tempfile.mkdtemp(prefix="headrace-bench-s3-")
     try:
         server.make_bucket(BUCKET)
-        setup(server.endpoint, data_dir, args.objects, args.kb)
+        setup(server.endpoint, data_dir, args.objects, args.kb, args.chunk_mb)
         rows = {}
         for name in SCENARIOS:
             if args.only and name not in args.only and name != "baseline":

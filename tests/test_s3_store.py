@@ -101,11 +101,16 @@ def test_ranges_are_coalesced(packed):
     rs2.gather(np.arange(0, n, 2))
     assert rs2.requests == n // 2  # no coalescing: one request per record
     # A sparse shuffled batch is not read as whole chunks: at most 1 / min_fill amplification.
-    rs3 = RemoteStore(packed["url"], objstore=packed["client"], fields=["bytes"], min_fill=0.5)
+    rs3 = RemoteStore(packed["url"], objstore=packed["client"], fields=["bytes"], min_fill=0.5,
+                      small_gap_bytes=0)
     ids = RNG.permutation(n)[:12]
     rs3.gather(ids)
     wanted = int(rs3._fields["bytes"].index[ids]["length"].sum())
     assert wanted <= rs3.bytes_fetched <= 2 * wanted
+    # Tiny records (labels) with small gaps: one request per chunk touched.
+    rs4 = RemoteStore(packed["url"], objstore=packed["client"], fields=["label"])
+    rs4.gather(ids)
+    assert rs4.requests == len({int(c) for c in rs4._fields["label"].index[ids]["chunk"]})
 
 
 def test_load_packed_store_from_s3_through_fault_proxy(packed, server):

@@ -82,7 +82,8 @@ def pack(src: str | os.PathLike[str], *, out: str | os.PathLike[str], progress: 
          labels: bool | None = None, label_mode: str | None = "auto", recursive: bool = True,
          chunk_mb: float = 256, codec: str = "raw", store: str | os.PathLike[str] | None = None,
          max_inflight: int = 32, batch_mb: float = 64, tmp_dir: str | None = None,
-         **options: Any) -> dict[str, Any]:
+         require_labels: bool = False, shard_mb: float | None = None,
+         parallel_fetches: int | None = None, **options: Any) -> dict[str, Any]:
     """Packs every file under ``src`` (local folder or ``s3://`` prefix) into a store at ``out``.
 
     Args:
@@ -97,6 +98,8 @@ def pack(src: str | os.PathLike[str], *, out: str | os.PathLike[str], progress: 
         max_inflight: concurrent S3 requests (reads and uploads).
         batch_mb: bytes read per append.
         tmp_dir: scratch folder for an ``s3://`` ``out`` (default: the system temp dir).
+        require_labels: fail unless the records get labels (mx8's flag).
+        shard_mb, parallel_fetches: mx8's names for ``chunk_mb`` and ``max_inflight``.
         **options: S3 settings (``endpoint``, ``region``, ``profile``, ...).
 
     Returns:
@@ -109,12 +112,22 @@ def pack(src: str | os.PathLike[str], *, out: str | os.PathLike[str], progress: 
     s3 = S3Options.from_kwargs(options)
     if options:
         raise ConfigError(f"unknown options {sorted(options)} for pack()")
+    if shard_mb is not None:
+        chunk_mb = shard_mb
+    if parallel_fetches is not None:
+        max_inflight = parallel_fetches
+    if not chunk_mb > 0 or max_inflight < 1:
+        raise ConfigError(f"chunk_mb must be > 0 and max_inflight >= 1, got {chunk_mb}, "
+                          f"{max_inflight}")
     snap = snapshot(src, store=store, recursive=recursive, s3=s3)
     if snap.manifest.kind != "objects":
         raise ConfigError(f"{snap.link.base} is already a headrace store; copy it instead")
     objstore = ObjectStore(snap.link.bucket, options=s3) if snap.link.is_s3 else None
     source = RawSource(snap, labels=labels, label_mode=label_mode, objstore=objstore,
                        threads=max_inflight)
+    if require_labels and source.classes is None:
+        raise ConfigError(f"require_labels=True but {snap.link.base} has files outside class "
+                          "folders (or label_mode='none'); labels come from each file's top folder")
     attrs: dict[str, Any] = {"source": snap.link.base, "manifest_hash": snap.hash}
     if source.classes is not None:
         attrs.update(labels="_labels.tsv", classes=source.classes)

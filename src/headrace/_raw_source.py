@@ -32,13 +32,15 @@ LabelMode = Literal["none", "imagefolder", "auto"]
 
 
 def _label_mode(labels: bool | None, label_mode: str | None) -> LabelMode:
-    if label_mode is None:
-        return "imagefolder" if labels else "none"
-    if label_mode not in ("none", "imagefolder", "auto"):
+    """``labels=True/False`` wins over an ``"auto"`` mode; an explicit mode must agree with it."""
+    if label_mode is not None and label_mode not in ("none", "imagefolder", "auto"):
         raise ConfigError(f'invalid label mode "{label_mode}" (expected: auto|none|imagefolder)')
-    if labels is not None and (labels != (label_mode != "none")):
+    if labels is None:
+        return label_mode or "none"  # type: ignore[return-value]
+    wanted: LabelMode = "imagefolder" if labels else "none"
+    if label_mode not in (None, "auto", wanted):
         raise ConfigError(f"labels={labels} contradicts label_mode={label_mode!r}; pass one")
-    return label_mode  # type: ignore[return-value]
+    return wanted
 
 
 class RawSource:

@@ -60,16 +60,18 @@ class RemoteStore:
         max_inflight: concurrent range requests for this store.
         coalesce_gap_bytes: merge two ranges of a chunk when the gap between them is at most this.
         max_range_bytes: never merge a request past this size.
-        min_fill: merge only while at least this fraction of a request's bytes are records the
-            gather asked for, so a shuffled batch over a large store is not read as whole chunks
-            (read amplification is at most ``1 / min_fill``).
+        min_fill: across gaps over ``small_gap_bytes``, merge only while at least this fraction of
+            a request's bytes are records the gather asked for, so a shuffled batch over a large
+            store is not read as whole chunks.
+        small_gap_bytes: gaps up to this are always merged (reading them costs less than another
+            request; this keeps tiny records such as labels to one request per chunk).
     """
 
     def __init__(self, url: str, *, objstore: ObjectStore, fields: Sequence[str] | str | None = None,
                  pinned: dict[str, int] | None = None, cache: ByteCache | None = None,
                  verify: str = "first", max_inflight: int = 32,
                  coalesce_gap_bytes: int = 1 << 20, max_range_bytes: int = 16 << 20,
-                 min_fill: float = 0.5) -> None:
+                 min_fill: float = 0.5, small_gap_bytes: int = 64 << 10) -> None:
         if verify not in ("first", "always", "never"):
             raise ConfigError(f"verify must be 'first', 'always' or 'never', got {verify!r}")
         if max_inflight < 1 or coalesce_gap_bytes < 0 or max_range_bytes < 1:
@@ -78,6 +80,7 @@ class RemoteStore:
         if not 0.0 <= min_fill <= 1.0:
             raise ConfigError(f"min_fill must be in [0, 1], got {min_fill}")
         self._min_fill = min_fill
+        self._small_gap = small_gap_bytes
         self.url = url.rstrip("/")
         self._prefix = objstore_prefix(self.url)
         self._os = objstore
@@ -204,7 +207,17 @@ class RemoteStore:
     def gather(self, ids: Any, fields: str | Iterable[str] | None = None
                ) -> dict[str, np.ndarray | Ragged]:
         idx = self._ids(ids)
-        return {name: self._gather_field(self._fields[name], idx) for name in self._pick(fields)}
+        names = self._pick(fields)
+        plans = [self._plan(self._fields[name], idx) for name in names]
+        # Every field's ranges go out together, so a batch waits for one round of requests.
+        flat = [r for plan in plans for r in plan[0]]
+        bufs = self._fetch_all(flat)
+        out, at = {}, 0
+        for name, plan in zip(names, plans, strict=True):
+            k = len(plan[0])
+            out[name] = self._assemble(self._fields[name], idx, plan, bufs[at:at + k])
+            at += k
+        return out
 
     def close(self) -> None:
         pool, self._pool = self._pool, None
@@ -258,7 +271,8 @@ class RemoteStore:
             if cur is not None and cur[0] == c and o - cur[2] <= self._gap:
                 span = max(cur[2], o + n) - cur[1]
                 useful = cur[3] + n
-                if span <= self._max_range and useful >= self._min_fill * span:
+                if span <= self._max_range and (o - cur[2] <= self._small_gap
+                                                or useful >= self._min_fill * span):
                     cur[2] = max(cur[2], o + n)
                     cur[3] = useful
                     rid[j] = len(ranges)
@@ -299,9 +313,9 @@ class RemoteStore:
         pool = self._executor()
         return [fut.result() for fut in [pool.submit(self._fetch, *r) for r in ranges]]
 
-    def _gather_field(self, f: _Field, idx: np.ndarray) -> np.ndarray | Ragged:
-        ranges, _cid, off, ln, rid = self._plan(f, idx)
-        bufs = self._fetch_all(ranges)
+    def _assemble(self, f: _Field, idx: np.ndarray, plan: Any, bufs: list[bytes]
+                  ) -> np.ndarray | Ragged:
+        ranges, _cid, off, ln, rid = plan
         nb = f.aux["nbytes"][idx].astype(np.int64)
         crc = f.aux["crc"][idx]
 
