@@ -2,6 +2,7 @@
 
 import json
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -148,6 +149,9 @@ def test_remote_cache_and_verify(packed, tmp_path):
             f.write_bytes(bytes(data))
     c = src.gather(ids)
     np.testing.assert_array_equal(a["bytes"].values, c["bytes"].values)
+    # Sources travel to worker processes: the client and cache rebuild their locks there.
+    d = pickle.loads(pickle.dumps(src)).gather(ids)
+    np.testing.assert_array_equal(a["bytes"].values, d["bytes"].values)
 
 
 def test_corrupt_chunk_on_s3_is_reported(packed, server):

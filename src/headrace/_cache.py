@@ -47,6 +47,15 @@ class ByteCache:
         self.hits = self.misses = self.evictions = 0
         self._tlock = threading.Lock()  # flock is per open file; threads also need a mutex
 
+    def __getstate__(self) -> dict[str, object]:
+        state = self.__dict__.copy()
+        del state["_tlock"]
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._tlock = threading.Lock()
+
     def _path(self, key: str) -> str:
         h = hashlib.sha256(key.encode()).hexdigest()
         return os.path.join(self.root, h[:2], h)

@@ -46,6 +46,9 @@ class _Field:
         self.codec = get_codec(spec.codec)
         self.rec = -1 if spec.shape is None else spec.record_nbytes
 
+    def __reduce__(self) -> tuple[Any, ...]:  # codecs hold lambdas: look them up again
+        return (_Field, (self.spec, self.index, self.aux))
+
 
 class RemoteStore:
     """A read-only store under ``s3://bucket/prefix/`` (the Source protocol plus ``gather``).
