@@ -1,8 +1,9 @@
 """Dataset links as loader sources: what ``headrace.load(link)`` opens for a link.
 
 Registered with :func:`headrace._sources.register_source` under ``"link"``. It claims ``s3://`` and
-``file://`` URLs, any path with an ``@refresh`` / ``@sha256:`` suffix, and local folders that are not
-a store (a store folder without a suffix stays with the ``"store"`` opener). The link is resolved to
+``file://`` URLs, any path with an ``@refresh`` / ``@sha256:`` suffix, and local folders that no other
+registered kind claims (a store folder, an image folder or an mx8 pack without a suffix stays with
+its own opener). The link is resolved to
 a pinned snapshot, then:
 
 * a packed store on S3 -> :class:`RemoteStore` (serving the snapshot's committed length);
@@ -43,7 +44,15 @@ def can_open_link(data: Any) -> bool:
     suffix = text.rpartition("@")[2]
     if "@" in text and "/" not in suffix and (suffix == "refresh" or suffix.startswith("sha256:")):
         return True
-    return os.path.isdir(text) and not os.path.isfile(os.path.join(text, "meta.json"))
+    if not os.path.isdir(text) or os.path.isfile(os.path.join(text, "meta.json")):
+        return False
+    # A plain local folder is ours only when no other kind (image folder, mx8 pack) claims it,
+    # whatever order the modules registered in.
+    from . import _sources
+
+    with _sources._LOCK:
+        others = [e for e in _sources._REGISTRY if e[0] != "link"]
+    return not any(can_open(data) for _name, can_open, _opener in others)
 
 
 class _PinnedStoreSource(StoreSource):
