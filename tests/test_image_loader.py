@@ -79,8 +79,13 @@ def test_store_folder_and_mx8_pack_give_identical_batches(tree, store, tmp_path)
 def test_mx8_pack_bytes_match_mx8_and_relocated_pack_loads(tree, tmp_path):
     root, _ = tree
     pack = tmp_path / "p"
-    mx8.pack_dir(str(root), out=str(pack), shard_mb=1, label_mode="imagefolder")
+    res = mx8.pack_dir(str(root), out=str(pack), shard_mb=1, label_mode="imagefolder")
     from headrace._image_sources import Mx8PackImages
+
+    with headrace.image(f"{pack}@sha256:{res['manifest_hash']}", batch=4, resize=(8, 8)) as ld:
+        assert len(next(ld)[0]) == 4
+    with pytest.raises(headrace.LinkError, match="changed"):
+        headrace.image(f"{pack}@sha256:{'0' * 64}")
 
     ours = Mx8PackImages(pack)
     for b in mx8.load(str(pack), batch=8):

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 
 from . import _checkpoint
-from ._errors import ConfigError, DecodeError, LoaderError
+from ._errors import ConfigError, DecodeError, LinkError, LoaderError
 from ._image_augment import ImageSpec, finish, plan_batch
 from ._image_decode import decode, image_size
 from ._image_sources import ImageRecords, open_image_records
-from ._loader import Loader
+from ._loader import BatchPlan, Loader
 
 __all__ = ["ImageLoader", "image"]
 
@@ -130,11 +130,23 @@ class ImageLoader:
                  resume: bytes | None) -> None:
         if on_decode_error not in _ERROR_POLICIES:
             raise ConfigError(f"on_decode_error={on_decode_error!r} must be 'error' or 'skip'")
+        pinned = None
         if isinstance(data, str):
             for suffix in _SUFFIXES:  # a local store is always read at its latest commit
                 if data.endswith(suffix):
                     data = data[: -len(suffix)]
+            if "@sha256:" in data:
+                data, _, pinned = data.rpartition("@sha256:")
         self.records = open_image_records(data, label_mode=label_mode)
+        if pinned is not None:
+            have = getattr(self.records, "manifest_hash", None)
+            if have != pinned:
+                self.records.close()
+                raise LinkError(
+                    f"{data}@sha256:{pinned}: " + (
+                        f"the mx8 manifest here hashes to {have}; the pack changed since the "
+                        "link was pinned" if have is not None else
+                        "only mx8 packs are pinned by manifest hash; pass the plain path"))
         self._closed = False
         self._inner: Loader | None = None
         try:
@@ -177,13 +189,11 @@ class ImageLoader:
         self._first_epoch = epoch
         self._end_epoch = None if epochs is None else epoch + epochs
         start_epoch, token = epoch, None
-        if resume is not None:
+        if resume is not None:  # run the epoch the token is in, resumed at its position
             tok = _checkpoint.decode(resume)
+            token = resume  # the epoch's loader validates data, seed, order and batch
             if n and tok.length == n:
                 start_epoch = tok.position // n
-                token = None if tok.position % n == 0 else resume
-            else:
-                token = resume  # let the loader's validation explain the mismatch
             if start_epoch < epoch or (self._end_epoch is not None
                                        and start_epoch > self._end_epoch):
                 raise _checkpoint_error(tok, epoch, self._end_epoch)
@@ -251,8 +261,11 @@ class ImageLoader:
             raise TypeError("an endless image loader (epochs=None) has no length")
         if self._inner is None:
             return 0
-        per_epoch = len(Loader(self._source, epoch=0, epochs=1, **self._kw))
-        return len(self._inner) + per_epoch * (self._end_epoch - self._epoch - 1)
+        ld = self._inner
+        per_epoch = BatchPlan(length=ld.length, batch=ld.batch_size, rank=ld.rank,
+                              world_size=ld.world_size, tail=ld.tail, start_position=0,
+                              end_position=ld.length).count()
+        return len(ld) + per_epoch * (self._end_epoch - self._epoch - 1)
 
     # -- state -----------------------------------------------------------------------------------
 
