@@ -127,6 +127,7 @@ class Snapshot:
     # end for every id past the last chunk
     limits: dict[str, np.ndarray]
     verified: Verified = field(default_factory=lambda: Verified({}, 0))
+    views: dict[int, memoryview] = field(default_factory=dict)  # chunk id -> memoryview of chunks
 
 
 def load_snapshot(path: str) -> Snapshot:
@@ -192,7 +193,8 @@ def _map_snapshot(path: str, meta: Meta, missing: list[str]) -> Snapshot:
     limits = {name: np.append(np.where(chunk_field == f.fidx, chunk_size, -1), -1)
               for name, f in fields.items()}
     return Snapshot(meta, fields, chunks, chunk_size, chunk_field, rows, vrows, limits,
-                    Verified(fields, n))
+                    Verified(fields, n),
+                    {cid: memoryview(a) for cid, a in chunks.items()})  # type: ignore[arg-type]
 
 
 def _present_size(path: str, size: int, missing: list[str]) -> int:
