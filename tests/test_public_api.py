@@ -17,6 +17,7 @@ EXPECTED = sorted([
     "Dataset", "pack_arrays",
     "Sampler",
     "DistributedDataLoader", "MixedLoader", "mix", "run",
+    "TextLoader", "pack_text", "text",
 ])
 
 

@@ -43,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     "StoreError": "_errors",
     "StoreExistsError": "_errors",
     "StoreFullError": "_errors",
+    "TextLoader": "_text_loader",
     "Writer": "_writer",
     "WriterBusyError": "_errors",
     "WriterClosedError": "_errors",
@@ -54,10 +55,12 @@ _EXPORTS: dict[str, str] = {
     "pack": "_pack",
     "pack_arrays": "_pack_arrays",
     "pack_dir": "_pack_dir",
+    "pack_text": "_pack_text",
     "resolve": "_resolve",
     "resolve_manifest_hash": "_resolve",
     "run": "_run",
     "stats": "_stats",
+    "text": "_text_loader",
     "verify": "_verify",
 }
 

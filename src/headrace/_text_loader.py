@@ -1,0 +1,466 @@
+"""``headrace.text``: fixed-shape token windows from a packed token store.
+
+The *window space* is a :class:`~headrace._sources.Source` whose records are windows (rows), handed
+to :class:`headrace.Loader`: shuffling (a keyed bijection over window ids), resume, epochs and rank
+sharding are the loader's, and the window list is never materialized. Every window is a half-open
+range ``[a, b)`` of the *block stream*: the documents in record order, each as a block
+``[BOS] tokens [EOS]`` (BOS/EOS as asked). A cumulative-length array over the blocks (N + 1 int64)
+maps stream offsets to (document, offset).
+
+* ``packing="concat"``: window ``w`` is ``[w*stride, w*stride + seq_len)`` of the whole stream,
+  across document boundaries.
+* ``packing="pad"`` (mx8's text loader): each block is cut on its own into rows starting every
+  ``stride`` tokens.
+
+In both, windows start every ``stride`` tokens and stop with the first window that reaches the end
+(of the stream, or of the block): a sequence of ``L`` tokens gives
+``min(ceil(L / stride), 1 + ceil(max(L - seq_len, 0) / stride))`` windows (mx8's rule, observed).
+``stride < seq_len`` overlaps windows, ``stride > seq_len`` skips the tokens between them. A
+window shorter than ``seq_len`` is padded with ``pad_id`` (default: the EOS id, as mx8) and its
+mask is False there; ``drop_last=True`` drops the concat stream's partial last window.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import weakref
+from typing import Any
+
+import numpy as np
+
+from ._errors import CheckpointError, ConfigError
+from ._loader import Loader
+from ._pack_text import TEXT_ATTR, pack_text
+from ._sources import store_fingerprint
+from ._tokenizer import as_tokenizer
+
+__all__ = ["TextLoader", "text"]
+
+_PACKINGS = ("concat", "pad")
+_TRUNCATE = ("right", "error")
+_POLICIES = ("error", "skip")
+
+
+def window_counts(lengths: np.ndarray, seq_len: int, stride: int, *,
+                  full_only: bool = False) -> np.ndarray:
+    """Windows over sequences of ``lengths`` tokens (vectorized; see the module docstring)."""
+    lengths = np.asarray(lengths, np.int64)
+    if full_only:
+        return np.where(lengths >= seq_len, (lengths - seq_len) // stride + 1, 0)
+    cover = 1 + -(-np.maximum(lengths - seq_len, 0) // stride)
+    return np.where(lengths > 0, np.minimum(-(-lengths // stride), cover), 0)
+
+
+class WindowSource:
+    """Windows of a token store as loader records: ``gather(window ids)`` ->
+    ``{"tokens": int32 (n, seq_len), "mask": bool (n, seq_len) | None, "doc_ids": int64 (n)}``.
+
+    ``doc_ids`` is the document of each row's first token. Thread-safe (read-only state).
+    """
+
+    def __init__(self, store: Any, *, field: str, packing: str, seq_len: int, stride: int,
+                 add_bos: bool, add_eos: bool, bos_id: int, eos_id: int, pad_id: int,
+                 drop_last: bool, return_mask: bool, truncate: str) -> None:
+        self.store = store
+        self.field = field
+        self.packing = packing
+        self.seq_len = seq_len
+        self.stride = stride
+        self.bos = int(add_bos)
+        self.eos = int(add_eos)
+        self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
+        self.return_mask = return_mask
+        spec = store.fields[field]
+        self.dtype = np.dtype(spec.dtype)
+        n = len(store)
+        nbytes = store._st.fields[field].aux["nbytes"][:n].astype(np.int64)
+        self.ntokens = nbytes // self.dtype.itemsize  # tokens per document (N int64)
+        blocks = self.ntokens + (self.bos + self.eos)
+        self.cum = np.zeros(n + 1, np.int64)  # block stream offsets
+        np.cumsum(blocks, out=self.cum[1:])
+        if truncate == "error" and n:
+            over = np.flatnonzero(blocks > seq_len)
+            if len(over):
+                d = int(over[0])
+                raise ConfigError(f"token sequence too long for sample_id={d} "
+                                  f"(tokens={int(blocks[d])} > sequence_length={seq_len}); "
+                                  "pass truncate='right' to cut documents into several rows")
+        self.total_tokens = int(self.cum[-1])
+        self.row_cum: np.ndarray | None = None
+        if packing == "concat":
+            self.windows = int(window_counts(np.array([self.total_tokens]), seq_len, stride,
+                                             full_only=drop_last)[0])
+        else:
+            self.row_cum = np.zeros(n + 1, np.int64)
+            np.cumsum(window_counts(blocks, seq_len, stride), out=self.row_cum[1:])
+            self.windows = int(self.row_cum[-1])
+        params = json.dumps([packing, seq_len, stride, self.bos, self.eos, bos_id, eos_id,
+                             pad_id, drop_last, field])
+        self._fingerprint = (f"text:{store_fingerprint(store)}:"
+                             f"{hashlib.sha256(params.encode()).hexdigest()[:12]}")
+
+    def __len__(self) -> int:
+        return self.windows
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def nbytes(self, ids: np.ndarray) -> int:
+        per_row = self.seq_len * (4 + (1 if self.return_mask else 0)) + 8
+        return len(ids) * per_row
+
+    def spans(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(a, b, first document)`` of windows ``ids`` in block-stream offsets."""
+        ids = np.asarray(ids, np.int64)
+        if self.row_cum is None:
+            a = ids * self.stride
+            b = np.minimum(a + self.seq_len, self.total_tokens)
+            d0 = np.searchsorted(self.cum, a, side="right") - 1
+            return a, b, d0
+        d = np.searchsorted(self.row_cum, ids, side="right") - 1
+        a = self.cum[d] + (ids - self.row_cum[d]) * self.stride
+        b = np.minimum(a + self.seq_len, self.cum[d + 1])
+        return a, b, d
+
+    def gather(self, ids: np.ndarray) -> dict[str, Any]:
+        a, b, d0 = self.spans(ids)
+        n, L = len(a), self.seq_len
+        if self.row_cum is None:
+            d1 = np.searchsorted(self.cum, np.maximum(b - 1, a), side="right") - 1
+        else:
+            d1 = d0
+        out = np.full((n, L), self.pad_id, np.int32)
+        counts = d1 - d0 + 1
+        docs = np.unique(np.repeat(d0 - np.cumsum(counts) + counts, counts)
+                         + np.arange(int(counts.sum())))
+        views = self.store.views(docs, self.field)
+        toks = {d: np.frombuffer(v, self.dtype)
+                for d, v in zip(docs.tolist(), views, strict=True)}
+        cum = self.cum
+        bos, eos = self.bos, self.eos
+        for r, (ar, br, lo_d, hi_d) in enumerate(zip(a.tolist(), b.tolist(), d0.tolist(),
+                                                     d1.tolist(), strict=True)):
+            row = out[r]
+            k = 0
+            for d in range(lo_d, hi_d + 1):
+                c0 = int(cum[d])
+                end = int(cum[d + 1])
+                lo = max(ar, c0) - c0
+                hi = min(br, end) - c0
+                if hi <= lo:
+                    continue
+                if bos and lo == 0:
+                    row[k] = self.bos_id
+                    k += 1
+                    lo = 1
+                t = toks[d]
+                t_hi = min(hi - bos, len(t))
+                t_lo = lo - bos
+                if t_hi > t_lo:
+                    row[k:k + t_hi - t_lo] = t[t_lo:t_hi]
+                    k += t_hi - t_lo
+                if eos and hi == end - c0:
+                    row[k] = self.eos_id
+                    k += 1
+        mask = None
+        if self.return_mask:
+            mask = np.arange(L)[None, :] < (b - a)[:, None]
+        return {"tokens": out, "mask": mask, "doc_ids": d0.astype(np.int64)}
+
+    def close(self) -> None:
+        pass  # the TextLoader owns the store
+
+
+class TextLoader:
+    """Iterates ``{"tokens", "mask", "doc_ids"}`` batches; built by :func:`text` (see it)."""
+
+    def __init__(self, source: WindowSource, loader: Loader, *, store: Any,
+                 temp_dir: str | None, info: dict[str, Any], to_torch: bool) -> None:
+        self.source = source
+        self._loader = loader
+        self._store = store
+        self.info = info
+        self.to_torch = to_torch
+        self._closed = False
+        self._tokens = 0
+        self._finalizer = weakref.finalize(self, _cleanup, loader, store, temp_dir)
+
+    @property
+    def sequence_length(self) -> int:
+        return self.source.seq_len
+
+    @property
+    def stride(self) -> int:
+        return self.source.stride
+
+    @property
+    def batch_size(self) -> int:
+        return self._loader.batch_size
+
+    @property
+    def windows(self) -> int:
+        """Windows (rows) in one epoch."""
+        return len(self.source)
+
+    @property
+    def documents(self) -> int:
+        return len(self._store)
+
+    @property
+    def last_ids(self) -> np.ndarray:
+        """Window ids of the batch last delivered."""
+        return self._loader.last_ids
+
+    @property
+    def epoch(self) -> int:
+        return self._loader.epoch
+
+    def __iter__(self) -> TextLoader:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        batch = self._loader.__next__()
+        self._tokens += int(batch["tokens"].size)
+        if self.to_torch:
+            import torch
+
+            return {k: None if v is None else torch.from_numpy(v) for k, v in batch.items()}
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def checkpoint(self) -> bytes:
+        """A token for ``resume=``: continues right after the last delivered batch."""
+        return self._loader.checkpoint()
+
+    def stats(self) -> dict[str, Any]:
+        """The loader's stats plus ``tokens_delivered_total``, ``windows``, ``documents``,
+        ``tokens_total`` (of the stream) and ``decode_errors_total`` (documents skipped when the
+        text was packed)."""
+        s = self._loader.stats()
+        s.update({"tokens_delivered_total": self._tokens, "windows": self.windows,
+                  "documents": self.documents, "tokens_total": self.source.total_tokens,
+                  "sequence_length": self.sequence_length, "stride": self.stride,
+                  "decode_errors_total": int(self.info.get("skipped", 0))})
+        return s
+
+    def print_stats(self) -> None:
+        self._loader.print_stats()
+
+    def close(self) -> None:
+        """Stops the threads, closes the store, removes a temporary token store (idempotent)."""
+        self._closed = True
+        self._finalizer()
+
+    def __enter__(self) -> TextLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"TextLoader({self._store.path!r}, packing={self.source.packing!r}, "
+                f"seq_len={self.sequence_length}, stride={self.stride}, "
+                f"batch={self.batch_size}, windows={self.windows})")
+
+
+def _cleanup(loader: Loader, store: Any, temp_dir: str | None) -> None:
+    loader.close()
+    store.close()
+    if temp_dir is not None:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _positive(name: str, value: Any, mx8_name: str | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ConfigError(f"{name} must be an int, got {value!r}")
+    if value <= 0:
+        raise ConfigError(f"{mx8_name or name} must be > 0, got {value}")
+    return int(value)
+
+
+def _token_field(store: Any, field: str) -> bool:
+    spec = store.fields.get(field)
+    return spec is not None and spec.shape is None and np.dtype(spec.dtype).kind in "iu" \
+        and np.dtype(spec.dtype).itemsize > 1
+
+
+def _special_ids(tok_given: Any, attrs: dict[str, Any], *, add_bos: bool, add_eos: bool,
+                 bos_id: int | None, eos_id: int | None,
+                 pad_id: int | None) -> tuple[int, int, int]:
+    ids: dict[str, int | None] = {k: attrs.get(k) for k in ("bos_id", "eos_id", "pad_id")}
+    if tok_given is not None:
+        tok = as_tokenizer(tok_given)
+        have, want = attrs.get("tokenizer_sha256"), tok.sha256
+        # Without both hashes (a callable has none) the names decide.
+        differ = have != want if have and want else (
+            "tokenizer" in attrs and attrs["tokenizer"] != tok.name)
+        if differ:
+            raise ConfigError(
+                f"the store's tokens were made by tokenizer {attrs.get('tokenizer')!r} "
+                f"(sha256 {str(have)[:12]}), not by {tok.name!r} (sha256 {str(want)[:12]}); "
+                "pass the tokenizer used by pack_text, or tokenizer=None to use the store's ids")
+        ids = {"bos_id": tok.bos_id, "eos_id": tok.eos_id, "pad_id": tok.pad_id}
+    for k, v in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
+        if v is not None:
+            ids[k] = int(v)
+    if add_bos and ids["bos_id"] is None:
+        raise ConfigError("add_bos=True but tokenizer has no known BOS token id; pass bos_id= "
+                          "or add_bos=False")
+    if add_eos and ids["eos_id"] is None:
+        raise ConfigError("add_eos=True but tokenizer has no known EOS token id; pass eos_id= "
+                          "or add_eos=False")
+    pad = pad_id if pad_id is not None else ids["eos_id"] if ids["eos_id"] is not None else (
+        ids["pad_id"] if ids["pad_id"] is not None else 0)
+    return int(ids["bos_id"] or 0), int(ids["eos_id"] or 0), int(pad)
+
+
+def _open_tokens(data: Any, *, field: str, tokenizer: Any, text_key: str, txt_mode: str,
+                 on_decode_error: str, cache_dir: str | None, progress: bool | None,
+                 options: dict[str, Any]) -> tuple[Any, str | None, dict[str, Any]]:
+    """The token store for ``data``: itself if pre-tokenized, else packed into a temp folder."""
+    from ._store import Store
+    from ._store import open as open_store
+
+    store = None
+    if isinstance(data, Store):
+        store = data
+    elif isinstance(data, str | os.PathLike) and os.path.isfile(
+            os.path.join(os.fspath(data), "meta.json")):
+        store = open_store(os.fspath(data))
+    if store is not None and _token_field(store, field):
+        if options:
+            raise ConfigError(f"options {sorted(options)} do not apply to a token store")
+        if store is data:  # the loader closes what it reads: reopen the user's store
+            store = open_store(store.path)
+        return store, None, dict(store.attrs.get(TEXT_ATTR, {}))
+    if store is not None:
+        spec = store.fields.get(text_key)
+        if store is not data:
+            store.close()
+        if spec is None:
+            raise ConfigError(f"store {os.fspath(getattr(data, 'path', data))} has neither a "
+                              f"token field {field!r} nor a text field {text_key!r}; pass "
+                              "field= or text_key=")
+    temp = tempfile.mkdtemp(prefix="headrace-text-", dir=cache_dir)
+    try:
+        out = os.path.join(temp, "tokens.hr")
+        info = pack_text(data, out, tokenizer=tokenizer, field=field, text_key=text_key,
+                         txt_mode=txt_mode, on_decode_error=on_decode_error,
+                         progress=progress, **options)
+        return open_store(out), temp, info
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+
+
+def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 2048,
+         stride: int | None = None, add_bos: bool = False, add_eos: bool = True,
+         truncate: str = "right", return_mask: bool = True, on_decode_error: str = "error",
+         packing: str = "concat", shuffle: bool = False, order: str | None = None,
+         seed: int = 0, epoch: int = 0, epochs: int | None = 1, drop_last: bool = False,
+         tail: str | None = None, bos_id: int | None = None, eos_id: int | None = None, pad_id: int | None = None,
+         field: str = "tokens", text_key: str = "text", txt_mode: str = "file",
+         cache_dir: str | None = None, to_torch: bool = False, progress: bool | None = False,
+         threads: int | None = None, inflight: int | None = None, ram_gb: float | None = None,
+         queue: int | None = None, prefetch: int | None = None, profile: str | None = None,
+         constraints: Any = None, runtime: Any = None, rank: int = 0, world_size: int = 1,
+         resume: bytes | None = None, **options: Any) -> TextLoader:
+    """Token windows ``(batch, seq_len)`` for language-model training, deterministic and resumable.
+
+    Example::
+
+        headrace.pack_text("corpus/", "corpus.hr", tokenizer="tokenizer.json")
+        with headrace.text("corpus.hr", batch=32, seq_len=2049, stride=2048,
+                           shuffle=True, seed=1, epochs=None) as loader:
+            for b in loader:
+                x, y = b["tokens"][:, :-1], b["tokens"][:, 1:]
+
+    Args:
+        data: a token store made by :func:`headrace.pack_text` (path or ``Store``). Raw text (a
+            folder, ``.txt``/``.jsonl`` files, an ``s3://`` prefix, or a store with a bytes field
+            ``text_key``) is packed first into a temporary store under ``cache_dir`` (removed
+            at ``close()``), with ``tokenizer``, ``txt_mode`` and ``on_decode_error``.
+        batch: rows (windows) per batch; every batch is ``(batch, seq_len)`` except a partial
+            last one (mx8 counts documents instead and yields a varying number of rows).
+        tokenizer: for raw text, the tokenizer (see :func:`headrace.pack_text`); for a token
+            store, optional: it must be the one that made the tokens (checked by hash) and gives
+            the special ids. ``None``: the ids recorded in the store.
+        seq_len: tokens per row. For next-token training use ``seq_len = context + 1`` with
+            ``stride = context``.
+        stride: tokens between row starts (default ``seq_len``; mx8's default is 2048 whatever
+            ``seq_len``). Smaller overlaps rows, larger skips tokens.
+        add_bos, add_eos: put BOS before / EOS after every document (ids looked up as mx8 does,
+            or ``bos_id=``/``eos_id=``).
+        truncate: ``"right"`` cuts a long document into several rows (mx8); ``"error"`` raises
+            ``ConfigError("token sequence too long for sample_id=...")`` at construction when a
+            document (with BOS/EOS) is longer than ``seq_len``.
+        return_mask: return ``mask`` (True on real tokens, False on padding) or ``None``.
+        on_decode_error: for raw text: ``"error"`` raises :class:`~headrace.DecodeError` naming
+            the document; ``"skip"`` drops it (counted in ``stats()["decode_errors_total"]``).
+        packing: ``"concat"`` (documents concatenated, windows across boundaries; default) or
+            ``"pad"`` (each document cut into its own rows and padded, as mx8).
+        shuffle, order, seed, epoch, epochs: window order, as :class:`headrace.Loader`
+            (``shuffle=True`` is ``order="shuffle"``: a keyed permutation of window ids per epoch).
+        drop_last: drop the concat stream's partial last window (rows are then all full).
+        tail: an incomplete last batch of an epoch: ``"partial"`` (default for one rank),
+            ``"drop"`` or ``"pad"`` (default for several ranks), as :class:`headrace.Loader`.
+        bos_id, eos_id, pad_id: override the special ids; padding uses ``pad_id``, default the
+            EOS id (mx8).
+        field: the token field; text_key, txt_mode: as for :func:`headrace.pack_text`.
+        cache_dir: where raw text is packed (default: the system temp folder).
+        to_torch: yield torch tensors.
+        progress: progress bar while packing raw text.
+        threads, inflight, ram_gb, queue, prefetch, profile, constraints, runtime, rank,
+            world_size, resume: as :class:`headrace.Loader`.
+        **options: S3 options for an ``s3://`` raw-text source.
+
+    Returns:
+        a :class:`TextLoader` yielding ``{"tokens": int32 (B, seq_len), "mask": bool (B,
+        seq_len) | None, "doc_ids": int64 (B)}`` (``doc_ids``: document of each row's first
+        token).
+    """
+    seq_len = _positive("seq_len", seq_len, "sequence_length")
+    stride = seq_len if stride is None else _positive("stride", stride)
+    if truncate not in _TRUNCATE:
+        raise ConfigError(f'invalid truncate="{truncate}" (expected: right|error)')
+    if on_decode_error not in _POLICIES:
+        raise ConfigError(f'invalid decode_error_policy="{on_decode_error}" (expected: error|skip)')
+    if packing not in _PACKINGS:
+        raise ConfigError(f"packing={packing!r} must be 'concat' or 'pad'")
+    if order is None:
+        order = "shuffle" if shuffle else "sequential"
+    elif shuffle and str(order).lower() != "shuffle":
+        raise ConfigError(f"shuffle=True conflicts with order={order!r}; pass only one")
+    store, temp, info = _open_tokens(data, field=field, tokenizer=tokenizer, text_key=text_key,
+                                     txt_mode=txt_mode, on_decode_error=on_decode_error,
+                                     cache_dir=cache_dir, progress=progress, options=options)
+    try:
+        specials = _special_ids(tokenizer if temp is None else None, info, add_bos=add_bos,
+                                add_eos=add_eos, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+        source = WindowSource(store, field=field, packing=packing, seq_len=seq_len,
+                              stride=stride, add_bos=add_bos, add_eos=add_eos,
+                              bos_id=specials[0], eos_id=specials[1], pad_id=specials[2],
+                              drop_last=drop_last, return_mask=return_mask, truncate=truncate)
+        try:
+            loader = Loader(source, batch=batch, order=order, seed=seed, epoch=epoch,
+                            epochs=epochs, tail=tail, rank=rank, world_size=world_size,
+                            threads=threads, inflight=inflight, ram_gb=ram_gb, queue=queue,
+                            prefetch=prefetch, profile=profile, constraints=constraints,
+                            runtime=runtime, resume=resume, close_source=False)
+        except CheckpointError as e:
+            e.add_note("a text checkpoint also pins packing, seq_len, stride, BOS/EOS and the "
+                       "special ids")
+            raise
+    except BaseException:
+        store.close()
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+        raise
+    return TextLoader(source, loader, store=store, temp_dir=temp, info=info, to_torch=to_torch)
