@@ -161,3 +161,32 @@ def test_writer_reopen_continues_open_chunk(tmp_path):
     s = headrace.open(tmp_path / "s")
     assert len(s.meta.chunks) == 2  # one chunk per field, reused across writers
     assert _content(tmp_path / "s")[1][-1] == "more"
+
+
+def test_io_error_after_the_rename_keeps_the_new_commit(tmp_path, monkeypatch):
+    # An EIO from the directory fsync that follows the meta.json rename: the commit happened (and
+    # may or may not survive a power cut), so the writer must not "roll back" by deleting the
+    # files the new meta.json names. Fault injection on the real fsync, nothing else faked.
+    from headrace import _format
+
+    w = _make(tmp_path / "s", n=3)
+    w.delete(0)
+    real = _format.fsync_dir
+
+    def failing_fsync_dir(path):
+        if os.path.exists(os.path.join(path, "meta.json")) and not os.path.exists(
+                os.path.join(path, "meta.json.tmp")) and headrace.open(path).commit_id == 2:
+            raise OSError(5, "Input/output error")
+        real(path)
+
+    monkeypatch.setattr(_format, "fsync_dir", failing_fsync_dir)
+    with pytest.raises(OSError, match="Input/output"):
+        w.commit()
+    monkeypatch.setattr(_format, "fsync_dir", real)
+    assert w.closed
+    assert _content(tmp_path / "s") == ([4, 2], ["rec2", "rec1"])
+    assert headrace.verify(tmp_path / "s").ok
+    with headrace.open(tmp_path / "s", mode="a") as w2:  # recovery tidies up, writes go on
+        w2.append({"b": [b"next"]})
+    assert _content(tmp_path / "s")[1] == ["rec2", "rec1", "next"]
+    assert not (tmp_path / "s" / "x.index").exists()  # generation 0 files are gone now

@@ -311,23 +311,33 @@ class Writer:
         self._new_files = True
 
     def _guarded(self, fn: Any, *args: Any) -> Any:
-        """Runs a write; on an OS error rolls back to the last commit and closes the writer."""
+        """Runs a write. If it fails half-way (disk full, I/O error, a damaged index found, even
+        KeyboardInterrupt) the pending state is unknown: roll back to the last commit and close.
+        Validation errors never get here: records are checked before anything is written."""
         self._check_open()
         try:
             return fn(*args)
-        except OSError as e:
-            if isinstance(e, CorruptionError | SchemaError):
-                raise
+        except BaseException as e:
             self._abort()
             if is_disk_full(e):
-                raise store_full(self.path, e) from e
+                raise store_full(self.path, e) from e  # type: ignore[arg-type]
             raise
 
     def _abort(self) -> None:
         try:
-            self._load(self._committed)
+            on_disk = _format.read_meta(self.path).commit
+        except Exception:
+            on_disk = self._committed.commit
+        try:
+            if on_disk == self._committed.commit:
+                self._load(self._committed)
+            # else the failure came after meta.json was renamed (e.g. the directory fsync): the
+            # new commit may or may not survive a crash, so delete nothing; the next writer
+            # recovers against whichever meta.json it finds
         except OSError:
             pass  # the next writer's recovery finishes the job
+        self._dirty = self._cow = False
+        self._n = self._committed.length
         self.close()
 
     # -- public writes ---------------------------------------------------------------------------
