@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -261,12 +262,36 @@ def pack_text(src: Any, out: str | os.PathLike[str], *, tokenizer: Any = None,
 def _pack(docs: _Docs, out: str, tok: TextTokenizer, *, field: str, on_decode_error: str,
           progress: bool | None, batch_bytes: int, chunk_mb: float, create: Any,
           settings: dict[str, Any]) -> dict[str, Any]:
+    made = not os.path.exists(out)
+    writer = create(out, fields={field: {"dtype": "int32", "shape": None}}, chunk_mb=chunk_mb)
+    try:
+        counts = _fill(writer, docs, tok, field=field, on_decode_error=on_decode_error,
+              progress=progress, batch_bytes=batch_bytes, settings=settings)
+    except BaseException:
+        writer.close()
+        # create() succeeded, so out was new or empty: leave nothing half-made behind
+        if made:
+            shutil.rmtree(out, ignore_errors=True)
+        else:
+            for name in os.listdir(out):
+                full = os.path.join(out, name)
+                if os.path.isdir(full):
+                    shutil.rmtree(full, ignore_errors=True)
+                else:
+                    os.unlink(full)
+        raise
+    writer.close()
+    return {"path": out, **counts, **tok.identity()}
+
+
+def _fill(w: Any, docs: _Docs, tok: TextTokenizer, *, field: str, on_decode_error: str,
+          progress: bool | None, batch_bytes: int, settings: dict[str, Any]) -> dict[str, int]:
     unit = "doc" if docs.store is not None else "B"
     counts = {"documents": 0, "tokens": 0, "skipped": 0}
     pending: list[str] = []
     pending_bytes = 0
 
-    def flush(w: Any) -> None:
+    def flush() -> None:
         nonlocal pending, pending_bytes
         if pending:
             ids = tok.encode_batch(pending)
@@ -275,9 +300,8 @@ def _pack(docs: _Docs, out: str, tok: TextTokenizer, *, field: str, on_decode_er
             counts["tokens"] += sum(len(a) for a in ids)
         pending, pending_bytes = [], 0
 
-    with create(out, fields={field: {"dtype": "int32", "shape": None}}, chunk_mb=chunk_mb) as w, \
-            progress_bar(docs.total, desc=f"pack_text {out}", unit=unit,
-                         enabled=progress) as bar:
+    with progress_bar(docs.total, desc=f"pack_text {w.path}", unit=unit,
+                      enabled=progress) as bar:
         ordinal = 0
         for where, text, done in docs:
             bar.update(done)
@@ -296,9 +320,9 @@ def _pack(docs: _Docs, out: str, tok: TextTokenizer, *, field: str, on_decode_er
             pending.append(text)
             pending_bytes += len(text)
             if pending_bytes >= batch_bytes or len(pending) >= 65536:
-                flush(w)
-        flush(w)
+                flush()
+        flush()
         w.attrs[TEXT_ATTR] = {"format": "headrace-text-v1", "field": field,
                               **tok.identity(), **counts, **settings}
         w.commit()
-    return {"path": out, **counts, **tok.identity()}
+    return counts
