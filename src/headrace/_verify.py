@@ -73,24 +73,23 @@ def verify(path: str | os.PathLike[str], *, progress: bool | None = None) -> Ver
     path = os.fspath(path)
     report = VerifyReport(path)
     try:
-        meta = _format.read_meta(path)
+        st = load_snapshot(path)  # maps one consistent commit, even while a writer commits
     except CorruptionError as e:
         report.ok = False
         report.problems.append(str(e))
         return report
+    meta = st.meta
     report.length, report.commit = meta.length, meta.commit
     for c in meta.chunks:
-        p = os.path.join(path, _format.chunk_name(c.id))
-        try:
-            size = os.stat(p).st_size
-        except FileNotFoundError:
-            report.problems.append(f"chunk {c.id} (field {c.field!r}): {p} is missing")
+        if st.chunk_size[c.id] >= c.size:
             continue
-        if size < c.size:
+        p = os.path.join(path, _format.chunk_name(c.id))
+        if not os.path.exists(p):
+            report.problems.append(f"chunk {c.id} (field {c.field!r}): {p} is missing")
+        else:
             report.problems.append(
-                f"chunk {c.id} (field {c.field!r}) is truncated: {size} bytes, meta.json commits "
-                f"{c.size}")
-    st = load_snapshot(path)
+                f"chunk {c.id} (field {c.field!r}) is truncated: {st.chunk_size[c.id]} bytes, "
+                f"meta.json commits {c.size}")
     n = st.meta.length
     bad: dict[str, set[int]] = {}
     total = n * len(st.fields)
