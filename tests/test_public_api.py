@@ -18,6 +18,7 @@ EXPECTED = sorted([
     "Sampler",
     "DistributedDataLoader", "MixedLoader", "mix", "run",
     "TextLoader", "pack_text", "text",
+    "AudioLoader", "VideoLoader", "audio", "video",
 ])
 
 

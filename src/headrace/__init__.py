@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 
 # name -> private module that defines it. Keep sorted; tests/test_public_api.py pins the list.
 _EXPORTS: dict[str, str] = {
+    "AudioLoader": "_audio_loader",
     "CheckpointError": "_errors",
     "ConfigError": "_errors",
     "Constraints": "_config",
@@ -44,9 +45,11 @@ _EXPORTS: dict[str, str] = {
     "StoreExistsError": "_errors",
     "StoreFullError": "_errors",
     "TextLoader": "_text_loader",
+    "VideoLoader": "_video_loader",
     "Writer": "_writer",
     "WriterBusyError": "_errors",
     "WriterClosedError": "_errors",
+    "audio": "_audio_loader",
     "create": "_writer",
     "image": "_image_loader",
     "load": "_load",
@@ -62,6 +65,7 @@ _EXPORTS: dict[str, str] = {
     "stats": "_stats",
     "text": "_text_loader",
     "verify": "_verify",
+    "video": "_video_loader",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
