@@ -142,3 +142,27 @@ def test_wrong_decoded_size_is_caught_without_checksums(tmp_path, codec, delta):
         s.gather([1, 0])
     assert s.gather([1])["b"][0].tobytes() == b"abc" * 10
     assert headrace.verify(path).bad == {"b": [0]}
+
+
+def test_verify_first_checks_each_record_once_per_generation(tmp_path):
+    path = tmp_path / "s"
+    w = headrace.create(path, fields={"b": "bytes"})
+    w.append({"b": [b"aaaa", b"bbbb"]})
+    w.commit()
+    s = headrace.open(path)  # verify="first"
+    s.gather([0, 1])
+    chunk = path / "chunks" / "0.zr"
+    _flip(chunk, 0, 0)  # damage record 0 AFTER this process verified it
+    assert headrace.open(path).gather([1])["b"][0].tobytes() == b"bbbb"
+    with pytest.raises(headrace.CorruptionError):
+        headrace.open(path).gather([0])  # a fresh reader checks it
+    w.append({"b": [b"cccc"]})
+    w.commit()
+    assert s.refresh() and len(s) == 3
+    s.gather([0, 2])  # same generation: record 0 stays verified, record 2 is checked
+    w.modify(1, {"b": b"dddd"})
+    w.commit()
+    s.refresh()  # a new generation: everything is checked again
+    with pytest.raises(headrace.CorruptionError, match=r"record ids \[0\]"):
+        s.gather([0])
+    w.close()

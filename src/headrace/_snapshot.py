@@ -49,10 +49,10 @@ class Verified:
             bm = np.zeros(nbytes, np.uint8)
             count = 0
             prev = old.bits.get(name) if old is not None else None
-            if prev is not None:  # same generation, more records: keep what was verified
+            if prev is not None and old is not None:  # same generation, more records: keep
                 k = min(len(prev), nbytes)
                 bm[:k] = prev[:k]
-                count = int(np.unpackbits(bm).sum())
+                count = old.count[name] if k == len(prev) else int(np.unpackbits(bm).sum())
             self.bits[name] = bm
             self.count[name] = count
 
