@@ -25,13 +25,16 @@ def pwrite_all(fd: int, data: object, offset: int) -> None:
 def copy_prefix(src_fd: int, dst_fd: int, nbytes: int) -> None:
     """Copies the first ``nbytes`` of ``src_fd`` to the start of ``dst_fd``."""
     done = 0
+    fast = hasattr(os, "copy_file_range")  # Linux: the kernel copies (or reflinks) the bytes
     while done < nbytes:
-        try:
-            n = os.copy_file_range(src_fd, dst_fd, nbytes - done, done, done)
-        except OSError as e:
-            if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-                raise
-            n = 0
+        n = 0
+        if fast:
+            try:
+                n = os.copy_file_range(src_fd, dst_fd, nbytes - done, done, done)
+            except OSError as e:
+                if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                    raise
+                fast = False
         if n == 0:  # not supported here, or the source is shorter: fall back to read/write
             buf = os.pread(src_fd, min(nbytes - done, 1 << 24), done)
             if not buf:
