@@ -15,7 +15,8 @@ Two stages:
 2. **Layout** (cheap, in memory, a pure function of the probe and ``clip, stride, fps``): each
    video's timeline is resampled to ``fps``: target time ``j / fps`` after the first frame (for
    every ``j`` with ``j / fps`` <= the last frame's time) takes the last source frame whose
-   timestamp is <= that time (exact integer arithmetic on timestamps, no float rounding). Clips
+   timestamp is <= that time (exact integer arithmetic on timestamps, no float rounding; with a
+   tolerance of half a time-base tick, because containers round timestamps to their tick). Clips
    start at resampled frames ``0, stride, 2*stride, ...`` and hold ``clip`` resampled frames; a
    start whose clip would run past the end is dropped (``tail_clips_dropped_total``). Clip ids
    number the clips of video 0, then video 1, ... (videos in byte-wise path order).
@@ -223,8 +224,8 @@ class ClipIndex:
             if code != _OK:
                 self.failures.append(_STATUS_NAME[code])
                 continue
-            scaled, unit = self._timeline(v)
-            m = int(scaled[-1] // unit) + 1
+            scaled, unit, half = self._timeline(v)
+            m = int((scaled[-1] + half) // unit) + 1
             self.resampled_frames[v] = m
             if m < clip:
                 self.failures.append("short_media")
@@ -239,13 +240,16 @@ class ClipIndex:
         self.video = np.repeat(np.arange(n, dtype=np.int32), counts)
         self.start = (np.arange(total, dtype=np.int64) - self.first[self.video]) * stride
 
-    def _timeline(self, v: int) -> tuple[np.ndarray, int]:
-        """Frame times scaled so that target ``j`` sits at ``j * unit`` (exact integers)."""
+    def _timeline(self, v: int) -> tuple[np.ndarray, int, int]:
+        """``(scaled, unit, half)``: frame ``k`` is at or before target ``j`` iff
+        ``scaled[k] - half <= j * unit`` (exact integers; ``half`` is half a time-base tick)."""
         pts, _ = self.probe.frames(v)
         num, den = (int(x) for x in self.probe.tb[v])
-        # (pts - pts0) * num/den <= j * fps.den/fps.num  <=>  (pts - pts0)*num*fps.num <= j*unit
-        scaled = (pts - pts[0]) * (num * self.fps.numerator)
-        return scaled, den * self.fps.denominator
+        # (pts - pts0) * num/den <= j * fps.den/fps.num + tick/2, times 2*den*fps.num. Containers
+        # round timestamps to their tick (1 ms in Matroska), so a frame exactly on a target time
+        # may be stored up to half a tick late; the half tick keeps it on that target.
+        scaled = 2 * (pts - pts[0]) * (num * self.fps.numerator)
+        return scaled, 2 * den * self.fps.denominator, num * self.fps.numerator
 
     def __len__(self) -> int:
         return len(self.video)
@@ -253,12 +257,13 @@ class ClipIndex:
     def frames(self, clip_id: int) -> np.ndarray:
         """Source frame indices (into the video's sorted timestamps) of one clip's frames."""
         v = int(self.video[clip_id])
-        scaled = self._scaled[v]
-        if scaled is None:
-            scaled = self._scaled[v] = self._timeline(v)[0]
-        unit = int(self.probe.tb[v][1]) * self.fps.denominator
+        unit = 2 * int(self.probe.tb[v][1]) * self.fps.denominator
+        shifted = self._scaled[v]
+        if shifted is None:
+            scaled, unit, half = self._timeline(v)
+            shifted = self._scaled[v] = scaled - half
         targets = (int(self.start[clip_id]) + np.arange(self.clip, dtype=np.int64)) * unit
-        return np.searchsorted(scaled, targets, side="right") - 1
+        return np.maximum(np.searchsorted(shifted, targets, side="right") - 1, 0)
 
     def start_seconds(self, clip_ids: np.ndarray) -> np.ndarray:
         """Clip start times in seconds after the first frame of their video."""
