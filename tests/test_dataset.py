@@ -52,6 +52,14 @@ def test_getitem_int_negative_and_slice(ds):
             ds[bad]
 
 
+def test_tuple_keys_index_like_numpy(ds):
+    np.testing.assert_array_equal(ds[3, 1], REF[3, 1])
+    np.testing.assert_array_equal(ds[-2, 0, 2], REF[-2, 0, 2])
+    np.testing.assert_array_equal(ds[2:9:3, 1], REF[2:9:3, 1])
+    np.testing.assert_array_equal(ds[[5, 0], :, 1], REF[[5, 0], :, 1])
+    np.testing.assert_array_equal(ds[4,], REF[4])
+
+
 def test_getitems_is_an_ordered_fancy_gather(ds):
     for idx in ([5, 3, 3, 36, 0], np.array([2, 2, 1], dtype=np.uint64), [-1, 0], range(4)):
         np.testing.assert_array_equal(ds.__getitems__(idx), REF[np.asarray(idx, dtype=np.int64)])

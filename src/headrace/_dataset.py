@@ -189,6 +189,17 @@ class Dataset:
     def __getitem__(self, key: Any) -> Any:
         """``ds[i]`` (negative counts from the end) -> one record; ``ds[a:b:s]`` -> a batch."""
         n = len(self._backend)
+        if isinstance(key, tuple):  # ds[i, j], ds[a:b, ::2]: records first, then NumPy indexing
+            if not key:
+                return self[:]
+            head = self[key[0]]
+            rest = key[1:]
+            if not rest:
+                return head
+            if isinstance(head, np.ndarray):
+                records_axis = isinstance(key[0], slice) or not np.isscalar(key[0])
+                return head[(slice(None), *rest)] if records_axis else head[rest]
+            raise IndexError(f"{type(head).__name__} records take no further index {rest!r}")
         if isinstance(key, slice):
             return self._backend.gather(np.arange(*key.indices(n), dtype=np.int64))
         if isinstance(key, int | np.integer) and not isinstance(key, bool | np.bool_):
