@@ -326,3 +326,21 @@ def test_two_processes_build_one_global_array(store_path: Path) -> None:
     for rank, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 0, err[-4000:]
         assert out.strip().endswith(f"ok {rank}")
+
+
+def test_large_batches_on_cpu_arrive_intact(tmp_path: Path) -> None:
+    # Batches past 64 KiB go through the 64-byte-aligned copy that lets XLA:CPU adopt them.
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 255, size=(600, 3_000), dtype=np.uint8)
+    with headrace.create(tmp_path / "big", fields={
+            "x": {"dtype": "uint8", "shape": [3_000]}}) as writer:
+        writer.append({"x": x})
+        writer.commit()
+    with headrace.Loader(tmp_path / "big", batch=256, order="shuffle", seed=2,
+                         epochs=1) as loader:
+        batches = headrace.jax.iterator(loader, prefetch=1)
+        seen = []
+        for batch in batches:
+            np.testing.assert_array_equal(np.asarray(batch["x"]), x[batches.last_ids])
+            seen.append(batches.last_ids)
+    assert sorted(np.concatenate(seen).tolist()) == list(range(600))
