@@ -35,6 +35,7 @@ import numpy as np
 from ._errors import CheckpointError, ConfigError
 from ._loader import Loader
 from ._pack_text import TEXT_ATTR, pack_text
+from ._snapshot import fetch
 from ._sources import store_fingerprint
 from ._tokenizer import as_tokenizer
 
@@ -77,7 +78,11 @@ class WindowSource:
         spec = store.fields[field]
         self.dtype = np.dtype(spec.dtype)
         n = len(store)
-        nbytes = store._st.fields[field].aux["nbytes"][:n].astype(np.int64)
+        self._snap = store._st  # the snapshot this source reads (stores refresh only when asked)
+        self._raw = spec.codec == "raw"
+        self._seen = np.zeros(n, bool)
+        self._chunks: dict[int, np.ndarray] = {}
+        nbytes = self._snap.fields[field].aux["nbytes"][:n].astype(np.int64)
         self.ntokens = nbytes // self.dtype.itemsize  # tokens per document (N int64)
         blocks = self.ntokens + (self.bos + self.eos)
         self.cum = np.zeros(n + 1, np.int64)  # block stream offsets
@@ -130,47 +135,81 @@ class WindowSource:
     def gather(self, ids: np.ndarray) -> dict[str, Any]:
         a, b, d0 = self.spans(ids)
         n, L = len(a), self.seq_len
+        d1 = d0
         if self.row_cum is None:
             d1 = np.searchsorted(self.cum, np.maximum(b - 1, a), side="right") - 1
-        else:
-            d1 = d0
-        out = np.full((n, L), self.pad_id, np.int32)
+        # Every (row, document) piece, vectorized: which part of the document's block it takes.
         counts = d1 - d0 + 1
-        docs = np.unique(np.repeat(d0 - np.cumsum(counts) + counts, counts)
-                         + np.arange(int(counts.sum())))
-        views = self.store.views(docs, self.field)
-        toks = {d: np.frombuffer(v, self.dtype)
-                for d, v in zip(docs.tolist(), views, strict=True)}
-        cum = self.cum
-        bos, eos = self.bos, self.eos
-        for r, (ar, br, lo_d, hi_d) in enumerate(zip(a.tolist(), b.tolist(), d0.tolist(),
-                                                     d1.tolist(), strict=True)):
-            row = out[r]
-            k = 0
-            for d in range(lo_d, hi_d + 1):
-                c0 = int(cum[d])
-                end = int(cum[d + 1])
-                lo = max(ar, c0) - c0
-                hi = min(br, end) - c0
-                if hi <= lo:
-                    continue
-                if bos and lo == 0:
-                    row[k] = self.bos_id
-                    k += 1
-                    lo = 1
-                t = toks[d]
-                t_hi = min(hi - bos, len(t))
-                t_lo = lo - bos
-                if t_hi > t_lo:
-                    row[k:k + t_hi - t_lo] = t[t_lo:t_hi]
-                    k += t_hi - t_lo
-                if eos and hi == end - c0:
-                    row[k] = self.eos_id
-                    k += 1
+        starts = np.cumsum(counts) - counts
+        row = np.repeat(np.arange(n), counts)
+        doc = np.repeat(d0 - starts, counts) + np.arange(int(counts.sum()))
+        c0, c1 = self.cum[doc], self.cum[doc + 1]
+        lo = np.maximum(a[row], c0) - c0  # block offsets [lo, hi)
+        hi = np.minimum(b[row], c1) - c0
+        with_bos = (lo == 0) & (hi > 0) if self.bos else np.zeros(len(doc), bool)
+        with_eos = (hi == c1 - c0) & (hi > lo) if self.eos else np.zeros(len(doc), bool)
+        ntok = self.ntokens[doc]
+        t_lo = np.clip(lo - self.bos, 0, ntok)
+        t_hi = np.clip(hi - self.bos, 0, ntok)
+        last = np.zeros(len(doc), bool)  # the last piece of each row: padding follows it
+        last[np.cumsum(counts) - 1] = True
+        pad_len = (L - (b - a))[row]
+        chunk_of, first = self._locate(doc)
+        s0 = (first + t_lo).tolist()
+        s1 = (first + t_hi).tolist()
+        bos1 = np.full(1, self.bos_id, np.int32)
+        eos1 = np.full(1, self.eos_id, np.int32)
+        pads = np.full(L, self.pad_id, np.int32)
+        pieces: list[np.ndarray] = []
+        put = pieces.append
+        for src, lo_i, hi_i, wb, we, la, pl in zip(chunk_of, s0, s1, with_bos.tolist(),
+                                                   with_eos.tolist(), last.tolist(),
+                                                   pad_len.tolist(), strict=True):
+            if wb:
+                put(bos1)
+            if hi_i > lo_i:
+                put(src[lo_i:hi_i])
+            if we:
+                put(eos1)
+            if la and pl:
+                put(pads[:pl])
+        out = np.empty((n, L), np.int32)
+        if pieces:
+            np.concatenate(pieces, out=out.reshape(-1), casting="unsafe")
         mask = None
         if self.return_mask:
             mask = np.arange(L)[None, :] < (b - a)[:, None]
         return {"tokens": out, "mask": mask, "doc_ids": d0.astype(np.int64)}
+
+    def _locate(self, doc: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+        """For each entry of ``doc``: an array holding that document's tokens and the element
+        offset where they start in it.
+
+        Raw fields: the committed chunk itself (an mmap), so a piece is a slice, not a copy per
+        document. The store checks a document's checksum and index entry the first time this
+        source reads it (``Store.views``); later reads go straight to the chunk (committed bytes
+        never change within a snapshot, see ``docs/internals.md``). Other codecs decode.
+        """
+        uniq, inv = np.unique(doc, return_inverse=True)
+        if not self._raw:
+            views = self.store.views(uniq, self.field)
+            arrays = [np.frombuffer(v, self.dtype) for v in views]
+            return [arrays[i] for i in inv.tolist()], np.zeros(len(doc), np.int64)
+        new = uniq[~self._seen[uniq]]
+        if len(new):
+            self.store.views(new, self.field)  # verifies bounds and checksums once
+            self._seen[new] = True
+        cid, off, _ln, _nb, _crc = fetch(self._snap.fields[self.field], doc)
+        isz = self.dtype.itemsize
+        chunks = self._chunks
+        out = []
+        for c in cid.tolist():
+            arr = chunks.get(c)
+            if arr is None:
+                raw = self._snap.chunks[c]
+                arr = chunks[c] = raw[:len(raw) // isz * isz].view(self.dtype)
+            out.append(arr)
+        return out, off // isz
 
     def close(self) -> None:
         pass  # the TextLoader owns the store
