@@ -236,3 +236,19 @@ def test_failed_s3_pack_commits_nothing(raw_folder, server, tmp_path):
     client = ObjectStore(bucket, options=S3Options())
     assert [i.key for i in client.list("store/")] == []
     assert os.listdir(tmp_path) == ["ms"]  # the scratch folder is gone too
+
+
+def test_spent_retry_budget_surfaces_from_the_loader(packed, server):
+    # Opening (meta.json + 3 index + 3 aux GETs) goes through; every request after fails.
+    proxy = FaultProxy(server.port, rate=0.0, faults=("503",), fail_requests=range(7, 10**9))
+    try:
+        with pytest.raises(headrace.LoaderError) as e, headrace.load(
+                packed["url"] + "@sha256:" + headrace.resolve(packed["url"], store=packed["ms"]),
+                batch=8, store=packed["ms"], endpoint=proxy.endpoint, max_attempts=2,
+                backoff_base_s=0.0) as loader:
+            next(iter(loader))
+        assert isinstance(e.value.__cause__, headrace.RemoteError)
+        assert "store/chunks/" in str(e.value) and "after 2 attempts" in str(e.value)
+        assert e.value.record_ids == list(range(8))
+    finally:
+        proxy.close()
