@@ -256,3 +256,23 @@ def test_endless_and_len(store):
         assert ld.epoch == 2  # 9 batches = 3 epochs of 8 + 8 + 1; the third is not yet over
     ids = np.concatenate(seen)
     assert sorted(ids[:17].tolist()) == list(range(17))
+
+
+def test_dropped_loader_stops_its_threads(store):
+    import gc
+    import threading
+    import time
+
+    def workers():
+        return sum(t.name.startswith("headrace-") for t in threading.enumerate())
+
+    before = workers()
+    ld = headrace.image(store, batch=2, resize=(8, 8), threads=2)
+    next(ld)
+    assert workers() > before
+    del ld
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while workers() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert workers() == before

@@ -58,11 +58,36 @@ class _RecordsSource:
         pass  # the ImageLoader owns the records
 
 
+class _Job:
+    """What the decoding transform needs, and its counters. The worker threads hold this, never
+    the ``ImageLoader``, so a loader dropped without ``close()`` is collected and its threads
+    stopped by the inner loader's finalizer."""
+
+    def __init__(self, *, spec: ImageSpec, seed: int, records: ImageRecords,
+                 on_decode_error: str, native_hw: tuple[int, int] | None,
+                 item_shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+        self.spec = spec
+        self.seed = seed
+        self.records = records
+        self.on_decode_error = on_decode_error
+        self.native_hw = native_hw
+        self.item_shape = item_shape
+        self.dtype = dtype
+        self.lock = threading.Lock()
+        self.decoded = 0
+        self.failed = 0
+
+    def _count(self, *, decoded: int, failed: int) -> None:
+        with self.lock:
+            self.decoded += decoded
+            self.failed += failed
+
+
 class _Decoder:
     """The transform: payload views -> one (images, labels) batch. Thread-safe."""
 
-    def __init__(self, loader: ImageLoader, epoch: int) -> None:
-        self.ld = loader
+    def __init__(self, job: _Job, epoch: int) -> None:
+        self.ld = job
         self.epoch = epoch
 
     def __call__(self, batch: dict[str, Any], ids: np.ndarray) -> dict[str, Any]:
@@ -181,9 +206,9 @@ class ImageLoader:
         self._source = _RecordsSource(self.records)
         self._kw = dict(loader_kw, batch=batch, order=order, seed=seed, drop_last=drop_last,
                         close_source=False, transform_nbytes=self._transform_nbytes)
-        self._lock = threading.Lock()
-        self._decoded = 0
-        self._failed = 0
+        self._job = _Job(spec=spec, seed=seed, records=self.records,
+                         on_decode_error=on_decode_error, native_hw=self.native_hw,
+                         item_shape=self.item_shape, dtype=self.dtype)
         self._done_totals: dict[str, float] = {}
         self.last_ids = np.empty(0, np.int64)
         self._first_epoch = epoch
@@ -201,17 +226,12 @@ class ImageLoader:
         self._last: Loader = self._open_epoch(start_epoch, token)
 
     def _open_epoch(self, e: int, token: bytes | None) -> Loader:
-        ld = Loader(self._source, epoch=e, epochs=1, transform=_Decoder(self, e), resume=token,
+        ld = Loader(self._source, epoch=e, epochs=1, transform=_Decoder(self._job, e), resume=token,
                     **self._kw)
         self._inner = ld if self._end_epoch is None or e < self._end_epoch else None
         if self._inner is None:
             ld.close()
         return ld
-
-    def _count(self, *, decoded: int, failed: int) -> None:
-        with self._lock:
-            self._decoded += decoded
-            self._failed += failed
 
     # -- iteration -----------------------------------------------------------------------------
 
@@ -292,9 +312,9 @@ class ImageLoader:
         else:  # exhausted or closed: the retired epochs' totals are the whole story
             s = self._last.stats()
             s.update(self._done_totals)
-        with self._lock:
-            s["images_decoded_total"] = self._decoded
-            s["decode_errors_total"] = self._failed
+        with self._job.lock:
+            s["images_decoded_total"] = self._job.decoded
+            s["decode_errors_total"] = self._job.failed
         s["images_skipped_total"] = s["decode_errors_total"]
         s["epoch"] = self._epoch
         return s
