@@ -277,3 +277,64 @@ def test_checkpoint_from_other_settings_is_refused(store):
         tok = ld.checkpoint()
     with pytest.raises(headrace.CheckpointError):
         headrace.text(store, seq_len=4, stride=3, batch=2, resume=tok)
+
+
+def test_raw_text_resume_repacks_to_the_same_stream(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for i in range(6):
+        (raw / f"{i}.txt").write_text("word " * (3 + 5 * i))
+
+    def make(resume=None):
+        return headrace.text(str(raw), seq_len=8, batch=2, shuffle=True, seed=4,
+                             cache_dir=str(tmp_path), resume=resume)
+
+    with make() as ld:
+        n = len(ld)
+    run_checkpoint_roundtrip(make, [1, n // 2, n - 1])
+
+
+def test_hf_tokenizer_file_end_to_end(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "[EOS]": 1, "[BOS]": 2, "x": 3, "y": 4},
+                                     unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["[EOS]", "[BOS]"])
+    path = str(tmp_path / "tokenizer.json")
+    tok.save(path)
+    (tmp_path / "d.jsonl").write_text('{"text": "x y"}\n{"text": "y y x z"}\n')
+    headrace.pack_text(str(tmp_path / "d.jsonl"), str(tmp_path / "t.hr"), tokenizer=path)
+    with headrace.text(str(tmp_path / "t.hr"), tokenizer=path, seq_len=5, add_bos=True,
+                       batch=4) as ld:
+        toks, masks, _ = rows(ld)
+    assert toks == [[2, 3, 4, 1, 2], [4, 4, 3, 0, 1]] and masks == [[1] * 5, [1] * 5]
+    assert headrace.stats(ld, raw=True)["tokens_delivered_total"] == 10
+
+
+def test_empty_token_store_yields_nothing(tmp_path):
+    out = str(tmp_path / "empty.hr")
+    with headrace.create(out, fields={"tokens": {"dtype": "int32", "shape": None}}) as w:
+        w.commit()
+    with headrace.text(out, seq_len=4, eos_id=1) as ld:
+        assert ld.windows == 0 and list(ld) == []
+
+
+def test_checkpoint_resumes_on_another_world_size(tmp_path):
+    path, _ = _big_store(tmp_path)
+    with headrace.text(path, seq_len=16, batch=4, shuffle=True, seed=2) as ld:
+        total = ld.windows
+    seen = []
+    tokens = []
+    for rank in range(2):
+        with headrace.text(path, seq_len=16, batch=4, shuffle=True, seed=2, rank=rank,
+                           world_size=2, tail="partial") as ld:
+            for _ in range(3):
+                next(ld)
+                seen += ld.last_ids.tolist()
+            tokens.append(ld.checkpoint())
+    with headrace.text(path, seq_len=16, batch=4, shuffle=True, seed=2,
+                       resume=tokens[0]) as ld:
+        for _ in ld:
+            seen += ld.last_ids.tolist()
+    assert sorted(seen) == list(range(total))

@@ -227,6 +227,8 @@ class TextLoader:
         self.to_torch = to_torch
         self._closed = False
         self._tokens = 0
+        self._documents = len(store)
+        self._path = store.path
         self._finalizer = weakref.finalize(self, _cleanup, loader, store, temp_dir)
 
     @property
@@ -248,7 +250,8 @@ class TextLoader:
 
     @property
     def documents(self) -> int:
-        return len(self._store)
+        """Documents (records) in the token store."""
+        return self._documents
 
     @property
     def last_ids(self) -> np.ndarray:
@@ -304,7 +307,7 @@ class TextLoader:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"TextLoader({self._store.path!r}, packing={self.source.packing!r}, "
+        return (f"TextLoader({self._path!r}, packing={self.source.packing!r}, "
                 f"seq_len={self.sequence_length}, stride={self.stride}, "
                 f"batch={self.batch_size}, windows={self.windows})")
 
