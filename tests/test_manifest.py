@@ -157,3 +157,8 @@ def test_manifest_store_put_is_idempotent_and_atomic(tmp_path):
     assert st.put(m) == h and os.stat(tmp_path / "by-hash" / h).st_mtime_ns == t
     assert not [n for n in os.listdir(tmp_path / "by-hash") if n.startswith(".tmp")]
     assert st.get(h).keys == ("a",)
+
+
+def test_unknown_options_are_refused(folder, tmp_path):
+    with pytest.raises(headrace.ConfigError, match=r"unknown options \['node'\]"):
+        headrace.resolve(folder, store=tmp_path / "ms", node="x")

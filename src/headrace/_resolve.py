@@ -17,7 +17,7 @@ import json
 import os
 from typing import Any
 
-from ._errors import LinkError
+from ._errors import ConfigError, LinkError
 from ._links import Link, parse_link
 from ._manifest import Manifest, ManifestStore
 
@@ -120,6 +120,12 @@ def snapshot(link: str | os.PathLike[str] | Link, *, store: str | os.PathLike[st
         recursive: list subfolders too; a non-recursive listing is pinned separately.
         **options: S3 options (:class:`headrace._objstore.S3Options` fields).
     """
+    from ._objstore import S3Options
+
+    s3 = S3Options.from_kwargs(options)  # validates the knobs even when nothing is listed
+    if options:
+        raise ConfigError(f"unknown options {sorted(options)}; S3 settings are the fields of "
+                          "S3Options (endpoint, region, profile, allow_http, timeout_s, ...)")
     parsed = link if isinstance(link, Link) else parse_link(link)
     ms = ManifestStore(store)
     if parsed.pinned_hash is not None:
@@ -136,7 +142,7 @@ def snapshot(link: str | os.PathLike[str] | Link, *, store: str | os.PathLike[st
             cur = ms.current(intent)
             if cur is not None and ms.has(cur):
                 return Snapshot(parsed, cur, ms.get(cur), recursive)
-        manifest = list_base(parsed, recursive=recursive, options=options)
+        manifest = list_base(parsed, recursive=recursive, options={"s3": s3})
         h = ms.put(manifest)
         ms.publish(intent, h, base=parsed.base)
     return Snapshot(parsed, h, manifest, recursive)
