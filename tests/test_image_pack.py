@@ -136,3 +136,12 @@ def test_label_ids_match_mx8_pack_dir(tmp_path):
     with headrace.open(tmp_path / "ours") as st:
         assert st.gather(np.arange(len(paths)), ["label"])["label"].tolist() == mx8_labels
     assert read_labels_tsv(theirs["labels_path"]) == ours["classes"]
+
+
+def test_progress_bar_on_request(tmp_path, capsys):
+    root = tmp_path / "in"
+    imagefolder(root, {"a": 3, "b": 2})
+    headrace.pack_dir(root, out=tmp_path / "o", progress=True)
+    assert "pack_dir" in capsys.readouterr().err
+    headrace.pack_dir(root, out=tmp_path / "o2", progress=False)
+    assert capsys.readouterr().err == ""
