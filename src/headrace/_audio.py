@@ -15,6 +15,7 @@ down-mix between e.g. 5.1 and stereo is right for every use.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 from math import gcd
@@ -51,7 +52,7 @@ def _decode_soundfile(src: Any, need: Callable[[int], int | None]
     return data, rate
 
 
-def _decode_av(src: Any, max_frames: int | None) -> tuple[np.ndarray, int]:
+def _decode_av(src: Any, need: Callable[[int], int | None]) -> tuple[np.ndarray, int]:
     try:
         import av
     except ModuleNotFoundError:
@@ -68,6 +69,7 @@ def _decode_av(src: Any, max_frames: int | None) -> tuple[np.ndarray, int]:
             # Resample to packed float32 in the stream's own layout: FFmpeg does the format
             # conversion, never the rate (resampling is ours, the same for every decoder).
             rs = av.AudioResampler(format="flt", layout=stream.codec_context.layout, rate=rate)
+            max_frames = need(rate)
             parts = []
             have = 0
             for frame in itertools.chain(c.decode(stream), [None]):
@@ -83,6 +85,7 @@ def _decode_av(src: Any, max_frames: int | None) -> tuple[np.ndarray, int]:
                           ) from e
     if not parts:
         return np.zeros((0, 1), np.float32), rate
+    max_frames = need(rate)
     data = np.concatenate(parts)
     return (data if max_frames is None else data[:max_frames]).astype(np.float32, copy=False), rate
 
@@ -109,13 +112,7 @@ def decode_audio(src: Any, *, samples: int | None = None,
         return -(-samples * down // up) + _HALF_TAPS * max(up, down) // up + 2
 
     got = _decode_soundfile(src, need)
-    if got is None:
-        got = _decode_av(src, None)
-        data, rate = got
-        n = need(rate)
-        if n is not None:
-            got = data[:n], rate
-    data, rate = got
+    data, rate = got if got is not None else _decode_av(src, need)
     if rate <= 0:
         raise DecodeError(f"audio sample rate {rate} is not > 0")
     return np.ascontiguousarray(data.T), rate, int(data.shape[0])
@@ -142,8 +139,22 @@ def resample(x: np.ndarray, rate_hz: int, target_hz: int) -> np.ndarray:
     from scipy.signal import resample_poly
 
     g = gcd(int(rate_hz), int(target_hz))
-    y = resample_poly(x, target_hz // g, rate_hz // g, axis=-1)
+    up, down = target_hz // g, rate_hz // g
+    y = resample_poly(x, up, down, axis=-1, window=_lowpass(up, down))
     return y.astype(np.float32, copy=False)
+
+
+@functools.lru_cache(maxsize=32)
+def _lowpass(up: int, down: int) -> np.ndarray:
+    """resample_poly's own filter (Kaiser beta 5, cutoff at the lower Nyquist), designed once per
+    rate pair instead of once per file."""
+    from scipy.signal import firwin
+
+    max_rate = max(up, down)
+    h = firwin(2 * _HALF_TAPS * max_rate + 1, 1.0 / max_rate, window=("kaiser", 5.0))
+    h = h.astype(np.float32)
+    h.flags.writeable = False
+    return h
 
 
 def fit_length(x: np.ndarray, samples: int, out: np.ndarray) -> None:
