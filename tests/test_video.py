@@ -248,3 +248,26 @@ def test_memory_cap_endless_and_knobs(folder: str, tmp_path: str) -> None:
         headrace.video(folder, on_error="ignore", index_dir=idx)
     with pytest.raises(headrace.ConfigError, match="clip"):
         headrace.video(folder, clip=0, index_dir=idx)
+
+
+def test_clip_failing_while_decoding_is_dropped_and_counted(tmp_path: str) -> None:
+    # garbage over the middle of the sample data: the index (packet table) is intact, decoding
+    # the clips that need those frames fails
+    root = os.path.join(str(tmp_path), "bad")
+    path = write_video(f"{root}/a.mp4", 36, fps=24, gop=6)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.seek(size // 3)
+        f.write(np.random.default_rng(1).integers(0, 256, size // 4, dtype=np.uint8).tobytes())
+    idx = os.path.join(str(tmp_path), "idx")
+    with headrace.video(root, clip=4, stride=4, fps=8, batch=2, index_dir=idx) as ld:
+        assert ld.index_info["failure_counts"]["corrupt_media"] == 0
+        delivered = sum(len(b["clip_ids"]) for b in ld)
+        s = ld.stats()
+    assert s["video_decode_failures_total"] >= 1
+    assert s["video_corrupt_media_total"] + s["video_short_media_total"] == \
+        s["video_decode_failures_total"]
+    assert delivered == s["video_clips_decoded_total"] == 3 - s["video_decode_failures_total"]
+    with pytest.raises(headrace.DecodeError, match=r"a\.mp4.*clip \d+: (corrupt|short)_media"):
+        list(headrace.video(root, clip=4, stride=4, fps=8, batch=2, index_dir=idx,
+                            on_error="error"))

@@ -68,12 +68,6 @@ class ClipSource:
         pass  # the VideoLoader owns the files
 
 
-class _ClipFailure(Exception):
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
 def decode_clips(src: Any, pts: np.ndarray, keyframe: np.ndarray,
                  requests: list[tuple[int, np.ndarray]], out: np.ndarray,
                  size_hw: tuple[int, int] | None, counters: dict[str, int]) -> dict[int, str]:
@@ -113,18 +107,14 @@ def decode_clips(src: Any, pts: np.ndarray, keyframe: np.ndarray,
             for slot, frames in run:
                 for j, i in enumerate(frames.tolist()):
                     want.setdefault(i, []).append((slot, j))
+            kind = "short_media"  # frames still wanted after the stream ended
             try:
                 _decode_run(container, stream, pts, key_before, want, out, size_hw, counters)
-            except _ClipFailure as e:
-                for slot, _ in run:
-                    failed[slot] = e.kind
-            except Exception as e:
-                for slot, _ in run:
-                    failed[slot] = _kind(e)
-            else:  # frames still wanted: the stream ended before them
-                for pairs in want.values():
-                    for slot, _j in pairs:
-                        failed[slot] = "short_media"
+            except Exception as e:  # only the clips still missing frames fail
+                kind = _kind(e)
+            for pairs in want.values():
+                for slot, _j in pairs:
+                    failed[slot] = kind
     return failed
 
 
