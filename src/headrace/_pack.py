@@ -9,9 +9,10 @@ A failed pack leaves nothing that looks like a store:
 
 * local ``out``: the store is built in a hidden sibling folder and renamed to ``out`` only after
   its final commit; on failure the folder is removed.
-* ``s3://`` ``out``: the store is built in a local scratch folder (``tmp_dir``; needs the store's
-  size free), then chunks, index, aux and labels are uploaded and ``meta.json`` goes up last; a
-  reader only sees a store once ``meta.json`` exists. On failure the uploaded objects are deleted.
+* ``s3://`` ``out``: the store is built in a local scratch folder (``tmp_dir``); each chunk is
+  uploaded once complete and its local copy emptied (so the scratch space is a few chunks, not the
+  store), then index, aux and labels, and ``meta.json`` goes up last: a reader only sees a store once
+  ``meta.json`` exists. On failure the uploaded objects are deleted.
 """
 
 from __future__ import annotations
@@ -48,7 +49,12 @@ def _batches(sizes: np.ndarray, *, max_bytes: int, max_records: int) -> list[tup
 
 
 def _build(src: RawSource, path: str, *, chunk_mb: float, codec: str, batch_bytes: int,
-           bar: Any, attrs: dict[str, Any]) -> int:
+           bar: Any, attrs: dict[str, Any], on_commit: Any = None) -> int:
+    """Appends every record of ``src`` to a new store at ``path``.
+
+    With ``on_commit``, the (private, not yet published) store is also committed every few chunks
+    and ``on_commit()`` is called, so chunks that are complete can be shipped while packing goes on.
+    """
     from ._writer import create
 
     fields: dict[str, Any] = {"bytes": {"dtype": "bytes", "shape": None, "codec": codec},
@@ -59,6 +65,7 @@ def _build(src: RawSource, path: str, *, chunk_mb: float, codec: str, batch_byte
     with create(path, fields=fields, chunk_mb=chunk_mb, attrs=attrs) as w, \
             cf.ThreadPoolExecutor(1, thread_name_prefix="headrace-pack-read") as reader:
         # Read batch k+1 while batch k is written.
+        since = 0
         nxt = reader.submit(src.gather, np.arange(*spans[0])) if spans else None
         for k in range(len(spans)):
             assert nxt is not None
@@ -71,6 +78,11 @@ def _build(src: RawSource, path: str, *, chunk_mb: float, codec: str, batch_byte
                 rec["label"] = got["label"]
             w.append(rec)
             bar.update(int(got["bytes"].offsets[-1]))
+            since += int(got["bytes"].offsets[-1])
+            if on_commit is not None and since >= 2 * chunk_mb * 2**20:
+                w.commit()
+                on_commit()
+                since = 0
         w.commit()
     if src.classes is not None:
         with open(os.path.join(path, "_labels.tsv"), "w") as f:
@@ -168,6 +180,14 @@ def _pack_local(source: RawSource, out: str, *, bar: Any, **kw: Any) -> None:
 
 def _pack_s3(source: RawSource, out: str, *, s3: S3Options, tmp_dir: str | None,
              max_inflight: int, bar: Any, **kw: Any) -> None:
+    """Builds in a scratch folder and uploads as it goes; ``meta.json`` goes up last.
+
+    Chunks are uploaded as soon as they are complete (a later chunk of the same field is
+    committed), then their local copy is hollowed out (truncated to a sparse file of the same
+    size, which the writer never reads again), so the scratch folder holds about ``max_pending``
+    chunks, not the whole store.
+    """
+    from ._format import chunk_name, read_meta
     from ._objstore import ObjectNotFoundError
 
     link = parse_link(out)
@@ -180,27 +200,47 @@ def _pack_s3(source: RawSource, out: str, *, s3: S3Options, tmp_dir: str | None,
     else:
         raise StoreExistsError(f"{out} already holds a store (meta.json); choose a new prefix")
     staging = tempfile.mkdtemp(dir=tmp_dir, prefix="headrace-pack-")
-    uploaded: list[str] = []
+    shipped: set[int] = set()
+    pending: list[cf.Future[None]] = []
+    max_pending = 4
+
+    def ship_chunk(cid: int, size: int) -> None:
+        rel = chunk_name(cid)
+        dest.put(prefix + rel, _Path(staging, rel))
+        path = os.path.join(staging, *rel.split("/"))
+        os.truncate(path, 0)  # free the disk space; keep the size the writer expects
+        os.truncate(path, size)
+
     try:
-        _build(source, staging, bar=bar, **kw)
-        files = []
-        for dirpath, _dirs, names in os.walk(staging):
-            for name in names:
-                rel = os.path.relpath(os.path.join(dirpath, name), staging).replace(os.sep, "/")
-                if rel not in ("meta.json", ".lock") and not rel.endswith(".tmp"):
-                    files.append(rel)
         with cf.ThreadPoolExecutor(min(max_inflight, 8),
                                    thread_name_prefix="headrace-upload") as pool:
-            futs = {pool.submit(dest.put, prefix + rel, _Path(staging, rel)): rel for rel in files}
-            for fut in cf.as_completed(futs):
+
+            def on_commit() -> None:
+                meta = read_meta(staging)
+                last: dict[str, int] = {}
+                for c in meta.chunks:
+                    last[c.field] = max(last.get(c.field, -1), c.id)
+                for c in meta.chunks:
+                    if c.id != last[c.field] and c.id not in shipped:
+                        shipped.add(c.id)
+                        pending.append(pool.submit(ship_chunk, c.id, c.size))
+                while len(pending) > max_pending:  # bound the scratch space
+                    pending.pop(0).result()
+
+            _build(source, staging, bar=bar, on_commit=on_commit, **kw)
+            for fut in pending:
                 fut.result()
-                uploaded.append(prefix + futs[fut])
+            files = [rel for rel in _all_rel(staging) if not rel.endswith(".tmp")
+                     and rel not in {chunk_name(c) for c in shipped}]
+            for fut in [pool.submit(dest.put, prefix + rel, _Path(staging, rel))
+                        for rel in files]:
+                fut.result()
         # The commit point: a store exists on S3 once meta.json does.
         with open(os.path.join(staging, "meta.json"), "rb") as f:
             dest.put(prefix + "meta.json", f.read())
     except BaseException:
         with contextlib.suppress(Exception):
-            dest.delete([prefix + rel for rel in _all_rel(staging)] or uploaded)
+            dest.delete([prefix + rel for rel in _all_rel(staging)])
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
