@@ -126,3 +126,15 @@ def truncate(path: str, keep: float = 0.5) -> str:
     with open(path, "r+b") as f:
         f.truncate(int(size * keep))
     return path
+
+
+def write_unknown_codec(path: str, n_frames: int = 12) -> str:
+    """A valid Matroska file whose video track names a codec no FFmpeg knows (``V_ZZZZZ``): an
+    ``unsupported_codec`` video. Same-length CodecID swap, so the EBML sizes stay valid."""
+    write_video(path, n_frames, codec="mpeg4")
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data.count(b"V_MPEG4/ISO/ASP") == 1
+    with open(path, "wb") as f:
+        f.write(data.replace(b"V_MPEG4/ISO/ASP", b"V_ZZZZZ/ISO/ASP"))
+    return path

@@ -17,6 +17,7 @@ from _media import (
     truncate,
     write_audio_only,
     write_garbage,
+    write_unknown_codec,
     write_video,
 )
 from headrace._media_sources import pack_media
@@ -126,17 +127,18 @@ def test_failure_kinds_are_counted_not_fatal(tmp_path: str) -> None:
     write_video(f"{root}/e_short.mp4", 3, fps=24)
     with open(f"{root}/f_empty.mkv", "wb"):
         pass
+    write_unknown_codec(f"{root}/g_unknown_codec.mkv")
     idx = os.path.join(str(tmp_path), "idx")
     with headrace.video(root, clip=4, stride=4, fps=8, batch=8, index_dir=idx) as ld:
         info = ld.index_info
         got = run(ld)
         s = ld.stats()
     assert info["failure_counts"] == {"corrupt_media": 3, "short_media": 1,
-                                      "unsupported_codec": 0, "missing_stream": 1}
-    assert info["videos"] == 6 and info["clip_count"] == 2 == len(got)
+                                      "unsupported_codec": 1, "missing_stream": 1}
+    assert info["videos"] == 7 and info["clip_count"] == 2 == len(got)
     assert [g["frames"] for g in got.values()] == [[0, 3, 6, 9], [12, 15, 18, 21]]
     assert (s["video_index_corrupt_media"], s["video_index_missing_stream"],
-            s["video_index_short_media"]) == (3, 1, 1)
+            s["video_index_short_media"], s["video_index_unsupported_codec"]) == (3, 1, 1, 1)
     with pytest.raises(headrace.DecodeError, match=r"b_garbage\.mp4.*corrupt_media") as ei:
         headrace.video(root, clip=4, stride=4, fps=8, index_dir=idx, on_error="error")
     assert ei.value.record_id == 1
