@@ -224,3 +224,15 @@ def test_to_torch(folder: str) -> None:
         x, y = next(ld)
     assert isinstance(x, torch.Tensor) and x.dtype == torch.float32 and tuple(x.shape) == (2, 1, 50)
     assert y.dtype == torch.int64
+
+
+def test_endless_and_open_store_object(folder: str, tmp_path: str) -> None:
+    out = os.path.join(str(tmp_path), "store")
+    pack_media(folder, out=out, kind="audio")
+    with headrace.open(out) as st, headrace.audio(st, batch=4, samples=20, epochs=None,
+                                                  shuffle=True) as ld:
+        with pytest.raises(TypeError):
+            len(ld)
+        ids = [i for _, _ in zip(range(6), ld, strict=False) for i in ld.last_ids.tolist()]
+        assert ld.epoch == 4
+    assert len(ids) == 24 and sorted(ids) == sorted(list(range(6)) * 4)
