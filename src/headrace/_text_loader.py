@@ -178,7 +178,10 @@ class WindowSource:
             np.concatenate(pieces, out=out.reshape(-1), casting="unsafe")
         mask = None
         if self.return_mask:
-            mask = np.arange(L)[None, :] < (b - a)[:, None]
+            mask = np.ones((n, L), bool)
+            for r, used in zip(np.flatnonzero(b - a < L).tolist(),
+                               (b - a)[b - a < L].tolist(), strict=True):
+                mask[r, used:] = False  # only partial rows (rare) need a loop
         return {"tokens": out, "mask": mask, "doc_ids": d0.astype(np.int64)}
 
     def _locate(self, doc: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
@@ -364,7 +367,8 @@ def _special_ids(tok_given: Any, attrs: dict[str, Any], *, add_bos: bool, add_eo
 
 
 def _open_tokens(data: Any, *, field: str, tokenizer: Any, text_key: str, txt_mode: str,
-                 on_decode_error: str, cache_dir: str | None, progress: bool | None,
+                 recursive: bool, on_decode_error: str, cache_dir: str | None,
+                 progress: bool | None,
                  options: dict[str, Any]) -> tuple[Any, str | None, dict[str, Any]]:
     """The token store for ``data``: itself if pre-tokenized, else packed into a temp folder."""
     from ._store import Store
@@ -380,7 +384,7 @@ def _open_tokens(data: Any, *, field: str, tokenizer: Any, text_key: str, txt_mo
         if options:
             raise ConfigError(f"options {sorted(options)} do not apply to a token store")
         if store is data:  # the loader closes what it reads: reopen the user's store
-            store = open_store(store.path)
+            store = open_store(store.path, verify=store.verify)
         return store, None, dict(store.attrs.get(TEXT_ATTR, {}))
     if store is not None:
         spec = store.fields.get(text_key)
@@ -394,8 +398,8 @@ def _open_tokens(data: Any, *, field: str, tokenizer: Any, text_key: str, txt_mo
     try:
         out = os.path.join(temp, "tokens.hr")
         info = pack_text(data, out, tokenizer=tokenizer, field=field, text_key=text_key,
-                         txt_mode=txt_mode, on_decode_error=on_decode_error,
-                         progress=progress, **options)
+                         txt_mode=txt_mode, recursive=recursive,
+                         on_decode_error=on_decode_error, progress=progress, **options)
         return open_store(out), temp, info
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
@@ -409,7 +413,7 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
          seed: int = 0, epoch: int = 0, epochs: int | None = 1, drop_last: bool = False,
          tail: str | None = None, bos_id: int | None = None, eos_id: int | None = None, pad_id: int | None = None,
          field: str = "tokens", text_key: str = "text", txt_mode: str = "file",
-         cache_dir: str | None = None, to_torch: bool = False, progress: bool | None = False,
+         recursive: bool = True, cache_dir: str | None = None, to_torch: bool = False, progress: bool | None = False,
          threads: int | None = None, inflight: int | None = None, ram_gb: float | None = None,
          queue: int | None = None, prefetch: int | None = None, profile: str | None = None,
          constraints: Any = None, runtime: Any = None, rank: int = 0, world_size: int = 1,
@@ -455,13 +459,15 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
             ``"drop"`` or ``"pad"`` (default for several ranks), as :class:`headrace.Loader`.
         bos_id, eos_id, pad_id: override the special ids; padding uses ``pad_id``, default the
             EOS id (mx8).
-        field: the token field; text_key, txt_mode: as for :func:`headrace.pack_text`.
+        field: the token field; text_key, txt_mode, recursive: as for
+            :func:`headrace.pack_text`.
         cache_dir: where raw text is packed (default: the system temp folder).
         to_torch: yield torch tensors.
         progress: progress bar while packing raw text.
         threads, inflight, ram_gb, queue, prefetch, profile, constraints, runtime, rank,
             world_size, resume: as :class:`headrace.Loader`.
-        **options: S3 options for an ``s3://`` raw-text source.
+        **options: S3 options for an ``s3://`` raw-text source. mx8's ``autopack`` and
+            ``shard_mb`` are accepted and ignored (raw text is always packed).
 
     Returns:
         a :class:`TextLoader` yielding ``{"tokens": int32 (B, seq_len), "mask": bool (B,
@@ -480,8 +486,11 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
         order = "shuffle" if shuffle else "sequential"
     elif shuffle and str(order).lower() != "shuffle":
         raise ConfigError(f"shuffle=True conflicts with order={order!r}; pass only one")
+    for mx8_only in ("autopack", "shard_mb"):
+        options.pop(mx8_only, None)
     store, temp, info = _open_tokens(data, field=field, tokenizer=tokenizer, text_key=text_key,
-                                     txt_mode=txt_mode, on_decode_error=on_decode_error,
+                                     txt_mode=txt_mode, recursive=recursive,
+                                     on_decode_error=on_decode_error,
                                      cache_dir=cache_dir, progress=progress, options=options)
     try:
         specials = _special_ids(tokenizer if temp is None else None, info, add_bos=add_bos,
