@@ -204,12 +204,15 @@ def test_rank_sharding_covers_every_clip_once(folder: str, tmp_path: str) -> Non
     assert sorted(c for s in seen for c in s) == list(range(n))
 
 
-def test_store_equals_folder(folder: str, tmp_path: str) -> None:
+def test_store_equals_folder(folder: str, tmp_path: str,
+                             capsys: pytest.CaptureFixture[str]) -> None:
     out = os.path.join(str(tmp_path), "store")
-    info = pack_media(folder, out=out, kind="video")
+    info = pack_media(folder, out=out, kind="video", progress=True)
     assert info["samples"] == 3 and info["classes"] == ["a", "b"]
     kw = {"clip": 4, "stride": 3, "fps": 8, "batch": 4, "index_dir": str(tmp_path)}
-    with headrace.video(folder, **kw) as a, headrace.video(out, **kw) as b:
+    with headrace.video(folder, **kw) as a, headrace.video(out, progress=True, **kw) as b:
+        err = capsys.readouterr().err
+        assert "pack_media" in err and "video index" in err
         fa = [x["frames"] for x in a]
         fb = [x["frames"] for x in b]
         assert b.index_info["clip_index_hash"] == a.index_info["clip_index_hash"]

@@ -323,14 +323,16 @@ def open_media(data: Any, *, kind: str, labels: bool | None = None) -> MediaFile
 
 def pack_media(in_dir: str | os.PathLike[str], *, out: str | os.PathLike[str], kind: str,
                labels: bool | None = None, chunk_mb: float = 256,
-               overwrite: bool = False) -> dict[str, Any]:
+               overwrite: bool = False, progress: bool | None = None) -> dict[str, Any]:
     """Packs the ``kind`` files under ``in_dir`` into a new store: fields ``media`` (the file's
     bytes, unchanged), ``label`` (int64, ``-1`` unlabeled), ``path`` (UTF-8 relative path).
 
-    Files are read and appended one at a time (memory stays at one file). Returns
+    Files are read and appended one at a time (memory stays at one file); ``progress`` shows a
+    bar on stderr (``None``: only on a terminal). Returns
     ``{"samples", "classes", "labels_path", "skipped", "dataset_hash", "path"}``.
     """
     from ._image_sources import write_labels_tsv
+    from ._progress import progress as progress_bar
     from ._writer import create
 
     out = os.path.abspath(os.fspath(out))
@@ -350,7 +352,8 @@ def pack_media(in_dir: str | os.PathLike[str], *, out: str | os.PathLike[str], k
         attrs["labels"] = LABELS_FILE
     digest = hashlib.sha256()
     with create(out, fields={"media": "bytes", "label": "int64", "path": "bytes"},
-                chunk_mb=chunk_mb, attrs=attrs) as w:
+                chunk_mb=chunk_mb, attrs=attrs) as w, \
+            progress_bar(int(scan.sizes.sum()), desc="pack_media", enabled=progress) as bar:
         if scan.classes is not None:
             write_labels_tsv(os.path.join(out, LABELS_FILE), scan.classes)
         for rel, label in zip(scan.paths, scan.labels.tolist(), strict=True):
@@ -360,6 +363,7 @@ def pack_media(in_dir: str | os.PathLike[str], *, out: str | os.PathLike[str], k
             digest.update(struct.pack("<QqQ", len(blob), label, len(path)) + path)
             digest.update(blob)
             w.append({"media": [blob], "label": np.array([label], np.int64), "path": [path]})
+            bar.update(len(blob))
         w.commit()
     return {"samples": len(scan.paths), "classes": scan.classes,
             "labels_path": os.path.join(out, LABELS_FILE) if scan.classes else None,

@@ -37,6 +37,7 @@ import numpy as np
 
 from ._errors import ConfigError
 from ._media_sources import MediaFiles
+from ._progress import progress as progress_bar
 
 __all__ = ["FAILURE_KINDS", "ClipIndex", "VideoProbe", "build_index", "fps_fraction",
            "index_dir", "probe_videos"]
@@ -171,8 +172,11 @@ class VideoProbe:
 
 
 def probe_videos(files: MediaFiles, *, cache_dir: str | os.PathLike[str] | None = None,
-                 threads: int = _PROBE_THREADS) -> VideoProbe:
-    """Stage 1 for ``files``, from the cache when this data version was probed before."""
+                 threads: int = _PROBE_THREADS, progress: bool | None = None) -> VideoProbe:
+    """Stage 1 for ``files``, from the cache when this data version was probed before.
+
+    ``progress``: a bar on stderr while probing (``None``: only on a terminal).
+    """
     key = hashlib.sha256(f"v{SCHEMA_VERSION}\0{files.fingerprint}".encode()).hexdigest()[:32]
     path = os.path.join(index_dir(cache_dir), f"{key}.npz")
     if os.path.isfile(path):
@@ -180,9 +184,13 @@ def probe_videos(files: MediaFiles, *, cache_dir: str | os.PathLike[str] | None 
         if got is not None and len(got.status) == len(files):
             return got
     n = len(files)
+    results = []
     with ThreadPoolExecutor(max(1, min(threads, n or 1)),
-                            thread_name_prefix="headrace-video-probe") as pool:
-        results = list(pool.map(lambda i: _probe_one(files.open(i)), range(n)))
+                            thread_name_prefix="headrace-video-probe") as pool, \
+            progress_bar(n, desc="video index", unit="video", enabled=progress) as bar:
+        for r in pool.map(lambda i: _probe_one(files.open(i)), range(n)):
+            results.append(r)
+            bar.update(1)
     offsets = np.zeros(n + 1, np.int64)
     np.cumsum([len(r[5]) for r in results], out=offsets[1:])
     probe = VideoProbe(
@@ -281,9 +289,10 @@ class ClipIndex:
 
 
 def build_index(files: MediaFiles, *, clip: int, stride: int, fps: Fraction,
-                cache_dir: str | os.PathLike[str] | None = None) -> tuple[ClipIndex, dict[str, Any]]:
+                cache_dir: str | os.PathLike[str] | None = None,
+                progress: bool | None = None) -> tuple[ClipIndex, dict[str, Any]]:
     """The clip index and mx8's ``video_index_build`` result dict for ``files``."""
-    probe = probe_videos(files, cache_dir=cache_dir)
+    probe = probe_videos(files, cache_dir=cache_dir, progress=progress)
     idx = ClipIndex(probe, clip=clip, stride=stride, fps=fps)
     head = [f"{files.path(int(idx.video[c]))}@{int(idx.start[c])}"
             for c in range(min(8, len(idx)))]

@@ -208,8 +208,8 @@ class VideoLoader:
     def __init__(self, data: Any, *, clip: int, stride: int, fps: Any, batch: int,
                  resize: tuple[int, int] | None, on_error: str, order: str, seed: int,
                  epoch: int, epochs: int | None, drop_last: bool, to_torch: bool,
-                 labels: bool | None, index_dir: Any, loader_kw: dict[str, Any],
-                 resume: bytes | None) -> None:
+                 labels: bool | None, index_dir: Any, progress: bool | None,
+                 loader_kw: dict[str, Any], resume: bytes | None) -> None:
         if on_error not in _ERROR_POLICIES:
             raise ConfigError(f"on_error={on_error!r} must be 'count' or 'error'")
         for name, value in (("clip", clip), ("stride", stride)):
@@ -232,7 +232,8 @@ class VideoLoader:
         self.last_ids = np.empty(0, np.int64)
         try:
             self.index, self.index_info = build_index(self.files, clip=clip, stride=stride,
-                                                      fps=self.fps, cache_dir=index_dir)
+                                                      fps=self.fps, cache_dir=index_dir,
+                                                      progress=progress)
             if on_error == "error":
                 bad = next(((v, f) for v, f in enumerate(self.index.failures) if f), None)
                 if bad is not None:
@@ -404,7 +405,7 @@ def video(data: Any, *, clip: int = 16, stride: int = 8, fps: Any = 8, batch: in
           order: str | None = None, drop_last: bool = False,
           resize: tuple[int, int] | None = None, on_error: str = "count",
           to_torch: bool = False, labels: bool | None = None, index_dir: Any = None,
-          threads: int | None = None, inflight: int | None = None, ram_gb: float | None = None,
+          progress: bool | None = None, threads: int | None = None, inflight: int | None = None, ram_gb: float | None = None,
           queue: int | None = None, prefetch: int | None = None, profile: str | None = None,
           constraints: Any = None, runtime: Any = None, rank: int = 0, world_size: int = 1,
           resume: bytes | None = None) -> VideoLoader:
@@ -436,6 +437,8 @@ def video(data: Any, *, clip: int = 16, stride: int = 8, fps: Any = 8, batch: in
         labels: ``True``/``False``/``None`` (auto) labels by first-level folder (raw folders).
         index_dir: where the probe of the videos is cached (default
             ``$HEADRACE_VIDEO_INDEX_DIR``, else the user cache dir); keyed by the data version.
+        progress: a progress bar on stderr while the videos are probed (``None``: only on a
+            terminal; a cached probe shows none).
         threads, inflight, ram_gb, queue, prefetch, profile, constraints, runtime, rank,
             world_size, resume: as in :class:`headrace.Loader`.
 
@@ -450,4 +453,4 @@ def video(data: Any, *, clip: int = 16, stride: int = 8, fps: Any = 8, batch: in
                        on_error=on_error, order=order or ("shuffle" if shuffle else "sequential"),
                        seed=seed, epoch=epoch, epochs=epochs, drop_last=drop_last,
                        to_torch=to_torch, labels=labels, index_dir=index_dir,
-                       loader_kw=loader_kw, resume=resume)
+                       progress=progress, loader_kw=loader_kw, resume=resume)
