@@ -26,6 +26,14 @@ def run(*args, check_rc=None):
     return out
 
 
+def run_here(capsys, *args, check_rc):
+    """The same CLI in this process (no interpreter start-up): for the many error cases."""
+    rc = _cli.main([str(a) for a in args])
+    out = capsys.readouterr()
+    assert rc == check_rc, (out.out, out.err)
+    return out
+
+
 @pytest.fixture
 def store(tmp_path):
     path = tmp_path / "s"
@@ -77,19 +85,29 @@ def test_verify_ok_then_corrupt_lists_bad_ids(store):
     assert "field y" not in out.stdout
 
 
-def test_verify_and_info_on_non_stores_exit_2(tmp_path):
+def test_verify_and_info_on_non_stores_exit_2(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
+    out = run("verify", tmp_path / "empty", check_rc=2)
+    assert "not a headrace store" in out.stderr
     for cmd in ("verify", "info", "compact"):
-        out = run(cmd, tmp_path / "empty", check_rc=2)
-        assert "not a headrace store" in out.stderr
-        out = run(cmd, tmp_path / "missing", check_rc=2)
-        assert "missing" in out.stderr
+        out = run_here(capsys, cmd, tmp_path / "empty", check_rc=2)
+        assert "not a headrace store" in out.err
+        out = run_here(capsys, cmd, tmp_path / "missing", check_rc=2)
+        assert "missing" in out.err
 
 
 def test_verify_of_garbage_meta_is_corrupt(store):
     (store / "meta.json").write_text("{not json")
     out = run("verify", store, check_rc=1)
     assert "meta.json" in out.stdout
+
+
+def test_info_on_a_store_missing_an_index_file(store, capsys):
+    (store / "y.index").unlink()
+    out = run("info", store, check_rc=2)
+    assert "'y'" in out.stderr and "verify" in out.stderr
+    out = run_here(capsys, "verify", store, "--max-ids", "3", check_rc=1)
+    assert "CORRUPT" in out.out
 
 
 def test_compact_reports_utilization_before_and_after(store):
@@ -127,21 +145,24 @@ def test_pack_arrays_from_npy_files(tmp_path):
         np.testing.assert_array_equal(got["y"], Y[[3, 1]])
 
 
-def test_pack_arrays_errors_are_one_line(tmp_path):
+def test_pack_arrays_errors_are_one_line(tmp_path, capsys):
     np.save(tmp_path / "x.npy", X)
     xs = f"x={tmp_path / 'x.npy'}"
     out = run("pack-arrays", tmp_path / "a", "--field", "x", check_rc=2)
     assert "NAME=VALUE" in out.stderr
-    out = run("pack-arrays", tmp_path / "b", "--field", xs, "--codec", "brotli", check_rc=2)
-    assert "brotli" in out.stderr and "zstd" in out.stderr
-    out = run("pack-arrays", tmp_path / "c", "--field", f"x={tmp_path / 'nope.npy'}", check_rc=2)
-    assert "nope.npy" in out.stderr
-    out = run("pack-arrays", tmp_path / "d", "--field", xs, "--codec", "q=zstd", check_rc=2)
-    assert "'q'" in out.stderr
+    out = run_here(capsys, "pack-arrays", tmp_path / "b", "--field", xs, "--codec", "brotli",
+                   check_rc=2)
+    assert "brotli" in out.err and "zstd" in out.err
+    out = run_here(capsys, "pack-arrays", tmp_path / "c", "--field", f"x={tmp_path / 'nope.npy'}",
+                   check_rc=2)
+    assert "nope.npy" in out.err
+    out = run_here(capsys, "pack-arrays", tmp_path / "d", "--field", xs, "--codec", "q=zstd",
+                   check_rc=2)
+    assert "'q'" in out.err
     np.save(tmp_path / "short.npy", Y[:5])
-    out = run("pack-arrays", tmp_path / "e", "--field", xs, "--field",
-              f"y={tmp_path / 'short.npy'}", check_rc=2)
-    assert f"x={N}, y=5" in out.stderr
+    out = run_here(capsys, "pack-arrays", tmp_path / "e", "--field", xs, "--field",
+                   f"y={tmp_path / 'short.npy'}", check_rc=2)
+    assert f"x={N}, y=5" in out.err
     out = run("pack-arrays", tmp_path / "f", check_rc=2)  # argparse: --field is required
     assert "--field" in out.stderr
     assert not any(os.path.exists(tmp_path / d) for d in "abcdef")

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import ConfigError, HeadraceError
+from ._errors import ConfigError, CorruptionError, HeadraceError
 
 __all__ = ["COMMANDS", "Command", "main"]
 
@@ -89,8 +89,13 @@ def store_summary(path: str) -> dict[str, Any]:
     chunk_total = 0
     for entry in meta.fields:
         spec = entry.spec
-        index = np.fromfile(os.path.join(path, entry.index), dtype=INDEX_DTYPE, count=n)
-        aux = np.fromfile(os.path.join(path, entry.aux), dtype=AUX_DTYPE, count=n)
+        try:
+            index = np.fromfile(os.path.join(path, entry.index), dtype=INDEX_DTYPE, count=n)
+            aux = np.fromfile(os.path.join(path, entry.aux), dtype=AUX_DTYPE, count=n)
+        except FileNotFoundError as e:
+            raise CorruptionError(f"{path}: field {spec.name!r} has lost its index file "
+                                  f"({e.filename}); run `headrace verify {path}`",
+                                  field=spec.name) from None
         stored = int(index["length"].sum(dtype=np.int64))
         decoded = int(aux["nbytes"].sum(dtype=np.int64))
         chunks = [c for c in meta.chunks if c.field == spec.name]
