@@ -61,15 +61,20 @@ def _check_after_full(path, result):
     assert len(s) == k + 1 and s.gather([k])["n"].tolist() == [-1]
 
 
-def _run_child(path, *, fsize_limit=None):
-    def limit():  # runs in the child before exec
-        import resource
-        import signal
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
+def _limited(code, fsize_limit):
+    """``code`` preceded by a file-size limit on the child itself (set there, not through
+    preexec_fn: a fork of this process would trip JAX's at-fork warning once JAX is imported)."""
+    if not fsize_limit:
+        return code
+    return (  # SIGXFSZ ignored: writes past the limit fail with EFBIG instead of killing us
+        "import resource, signal\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({fsize_limit}, {fsize_limit}))\n" + code)
 
-    out = subprocess.run([sys.executable, "-c", _FILL, path], capture_output=True, text=True,
-                         timeout=120, preexec_fn=limit if fsize_limit else None, check=True)
+
+def _run_child(path, *, fsize_limit=None):
+    out = subprocess.run([sys.executable, "-c", _limited(_FILL, fsize_limit), path],
+                         capture_output=True, text=True, timeout=120, check=True)
     return json.loads(out.stdout)
 
 
@@ -162,11 +167,5 @@ def test_create_on_a_full_disk_leaves_nothing_behind(tmp_path, existing_dir):
 
 
 def _run_code(code, *, fsize_limit):
-    def limit():
-        import resource
-        import signal
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
-
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, preexec_fn=limit, check=True).stdout
+    return subprocess.run([sys.executable, "-c", _limited(code, fsize_limit)],
+                          capture_output=True, text=True, timeout=60, check=True).stdout
