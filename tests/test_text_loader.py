@@ -338,3 +338,58 @@ def test_checkpoint_resumes_on_another_world_size(tmp_path):
         for _ in ld:
             seen += ld.last_ids.tolist()
     assert sorted(seen) == list(range(total))
+
+
+def test_stream_tokenizes_in_the_loader_like_mx8(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    texts = ["ab", "hello world", "é" * 5, "x" * 9, "q"]
+    for i, t in enumerate(texts):
+        (raw / f"{i}.txt").write_text(t)
+    packed = str(tmp_path / "p.hr")
+    headrace.pack_text(str(raw), packed)
+    with headrace.text(packed, seq_len=4, stride=3, packing="pad", add_bos=True,
+                       batch=64) as ld:
+        want, want_mask, want_docs = rows(ld)
+    ms = str(tmp_path / "manifests")
+    with headrace.text(str(raw), stream=True, packing="pad", seq_len=4, stride=3, add_bos=True,
+                       batch=2, store=ms) as ld:
+        assert ld.windows is None and ld.documents == 5
+        got, got_mask, got_docs = [], [], []
+        sizes = []
+        for b in ld:
+            sizes.append(len(b["tokens"]))
+            got += b["tokens"].tolist()
+            got_mask += b["mask"].astype(int).tolist()
+            got_docs += b["doc_ids"].tolist()
+    assert (got, got_mask, got_docs) == (want, want_mask, want_docs)
+    assert len(sizes) == 3 and sizes != [2, 2, 1]  # batch counts documents; rows vary
+
+    def make(resume=None):
+        return headrace.text(str(raw), stream=True, packing="pad", seq_len=4, batch=2,
+                             shuffle=True, seed=1, store=ms, resume=resume)
+
+    run_checkpoint_roundtrip(make, [1, 2])
+    with pytest.raises(headrace.ConfigError, match="stream=True cuts each document"):
+        headrace.text(str(raw), stream=True, store=ms)
+
+
+def test_stream_bad_utf8_policy(tmp_path):
+    src = str(tmp_path / "texts.hr")
+    with headrace.create(src, fields={"text": "bytes"}) as w:
+        w.append({"text": [b"ok", b"\xc3(", b"fine"]})
+        w.commit()
+    with headrace.text(src, stream=True, packing="pad", seq_len=8, batch=8) as ld, \
+            pytest.raises(headrace.DecodeError, match="document 1 is not valid UTF-8") as ei:
+        next(ld)
+    assert ei.value.record_id == 1
+    with headrace.text(src, stream=True, packing="pad", seq_len=8, batch=1,
+                       on_decode_error="skip", pad_id=0) as ld:
+        toks, _, docs = rows(ld)
+        assert ld.stats()["decode_errors_total"] == 1
+    assert toks == [[111, 107, 257, 0, 0, 0, 0, 0], [102, 105, 110, 101, 257, 0, 0, 0]]
+    assert docs == [0, 2]
+    with headrace.text(src, stream=True, packing="pad", seq_len=2, batch=8,
+                       truncate="error", on_decode_error="skip") as ld, \
+            pytest.raises(headrace.ConfigError, match="sample_id=0 \\(tokens=3"):
+        next(ld)

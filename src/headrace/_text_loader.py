@@ -27,12 +27,13 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import weakref
 from typing import Any
 
 import numpy as np
 
-from ._errors import CheckpointError, ConfigError
+from ._errors import CheckpointError, ConfigError, DecodeError, LoaderError
 from ._loader import Loader
 from ._pack_text import TEXT_ATTR, pack_text
 from ._snapshot import fetch
@@ -218,47 +219,112 @@ class WindowSource:
         pass  # the TextLoader owns the store
 
 
+class _StreamRows:
+    """``stream=True``: the transform that tokenizes raw documents in the loader's threads and
+    cuts each into rows, as mx8's text loader does (``packing="pad"`` rows).
+
+    A batch of ``batch`` documents yields a varying number of rows; the checkpoint counts
+    documents, so a resumed run skips bad documents the same way: exact resume.
+    """
+
+    def __init__(self, tok: Any, *, key: str, seq_len: int, stride: int, add_bos: bool,
+                 add_eos: bool, bos_id: int, eos_id: int, pad_id: int, truncate: str,
+                 on_decode_error: str, return_mask: bool) -> None:
+        self.tok = tok
+        self.key = key
+        self.seq_len, self.stride = seq_len, stride
+        self.head = np.full(int(add_bos), bos_id, np.int32)
+        self.tail = np.full(int(add_eos), eos_id, np.int32)
+        self.pad_id = pad_id
+        self.truncate = truncate
+        self.policy = on_decode_error
+        self.return_mask = return_mask
+        self.skipped = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, batch: dict[str, Any], ids: np.ndarray) -> dict[str, Any]:
+        texts: list[str] = []
+        keep: list[int] = []
+        for rid, rec in zip(ids.tolist(), batch[self.key].to_list(), strict=True):
+            try:
+                texts.append(rec.tobytes().decode("utf-8"))
+            except UnicodeDecodeError as e:
+                if self.policy == "error":
+                    raise DecodeError(f"document {rid} is not valid UTF-8: {e}; pass "
+                                      "on_decode_error='skip' to drop such documents",
+                                      record_id=rid) from e
+                with self._lock:
+                    self.skipped += 1
+                continue
+            keep.append(rid)
+        blocks = [np.concatenate([self.head, t, self.tail])
+                  for t in (self.tok.encode_batch(texts) if texts else [])]
+        lengths = np.array([len(b) for b in blocks], np.int64)
+        if self.truncate == "error" and len(blocks) and int(lengths.max()) > self.seq_len:
+            j = int(np.argmax(lengths > self.seq_len))
+            raise ConfigError(f"token sequence too long for sample_id={keep[j]} "
+                              f"(tokens={int(lengths[j])} > sequence_length={self.seq_len})")
+        counts = window_counts(lengths, self.seq_len, self.stride)
+        n, L = int(counts.sum()), self.seq_len
+        out = np.full((n, L), self.pad_id, np.int32)
+        mask = np.zeros((n, L), bool) if self.return_mask else None
+        r = 0
+        for blk, c in zip(blocks, counts.tolist(), strict=True):
+            for k in range(c):
+                seg = blk[k * self.stride:k * self.stride + L]
+                out[r, :len(seg)] = seg
+                if mask is not None:
+                    mask[r, :len(seg)] = True
+                r += 1
+        return {"tokens": out, "mask": mask,
+                "doc_ids": np.repeat(np.asarray(keep, np.int64), counts)}
+
+
 class TextLoader:
     """Iterates ``{"tokens", "mask", "doc_ids"}`` batches; built by :func:`text` (see it)."""
 
-    def __init__(self, source: WindowSource, loader: Loader, *, store: Any,
-                 temp_dir: str | None, info: dict[str, Any], to_torch: bool) -> None:
+    def __init__(self, source: Any, loader: Loader, *, closer: Any, temp_dir: str | None,
+                 info: dict[str, Any], to_torch: bool, seq_len: int, stride: int,
+                 documents: int, name: str, stream: _StreamRows | None = None) -> None:
         self.source = source
         self._loader = loader
-        self._store = store
         self.info = info
         self.to_torch = to_torch
+        self._seq_len = seq_len
+        self._stride = stride
+        self._stream = stream
         self._closed = False
         self._tokens = 0
-        self._documents = len(store)
-        self._path = store.path
-        self._finalizer = weakref.finalize(self, _cleanup, loader, store, temp_dir)
+        self._documents = documents
+        self._path = name
+        self._finalizer = weakref.finalize(self, _cleanup, loader, closer, temp_dir)
 
     @property
     def sequence_length(self) -> int:
-        return self.source.seq_len
+        return self._seq_len
 
     @property
     def stride(self) -> int:
-        return self.source.stride
+        return self._stride
 
     @property
     def batch_size(self) -> int:
+        """Rows per batch (``stream=True``: documents per batch)."""
         return self._loader.batch_size
 
     @property
-    def windows(self) -> int:
-        """Windows (rows) in one epoch."""
-        return len(self.source)
+    def windows(self) -> int | None:
+        """Windows (rows) in one epoch; ``None`` with ``stream=True`` (known only once read)."""
+        return len(self.source) if isinstance(self.source, WindowSource) else None
 
     @property
     def documents(self) -> int:
-        """Documents (records) in the token store."""
+        """Documents (records) in the token store, or raw documents with ``stream=True``."""
         return self._documents
 
     @property
     def last_ids(self) -> np.ndarray:
-        """Window ids of the batch last delivered."""
+        """Window ids of the batch last delivered (``stream=True``: document ids)."""
         return self._loader.last_ids
 
     @property
@@ -269,7 +335,16 @@ class TextLoader:
         return self
 
     def __next__(self) -> dict[str, Any]:
-        batch = self._loader.__next__()
+        while True:
+            try:
+                batch = self._loader.__next__()
+            except LoaderError as e:
+                cause = e.__cause__
+                if isinstance(cause, DecodeError | ConfigError):  # stream=True: the user's error
+                    raise cause.with_traceback(None) from e
+                raise
+            if len(batch["tokens"]):
+                break  # stream=True: a batch whose documents were all skipped is not delivered
         self._tokens += int(batch["tokens"].size)
         if self.to_torch:
             import torch
@@ -286,13 +361,17 @@ class TextLoader:
 
     def stats(self) -> dict[str, Any]:
         """The loader's stats plus ``tokens_delivered_total``, ``windows``, ``documents``,
-        ``tokens_total`` (of the stream) and ``decode_errors_total`` (documents skipped when the
-        text was packed)."""
+        ``tokens_total`` (of the stream; ``None`` with ``stream=True``) and
+        ``decode_errors_total`` (documents skipped when the text was packed or streamed)."""
         s = self._loader.stats()
+        skipped = int(self.info.get("skipped", 0))
+        if self._stream is not None:
+            skipped += self._stream.skipped
         s.update({"tokens_delivered_total": self._tokens, "windows": self.windows,
-                  "documents": self.documents, "tokens_total": self.source.total_tokens,
+                  "documents": self.documents,
+                  "tokens_total": getattr(self.source, "total_tokens", None),
                   "sequence_length": self.sequence_length, "stride": self.stride,
-                  "decode_errors_total": int(self.info.get("skipped", 0))})
+                  "decode_errors_total": skipped})
         return s
 
     def print_stats(self) -> None:
@@ -315,9 +394,9 @@ class TextLoader:
                 f"batch={self.batch_size}, windows={self.windows})")
 
 
-def _cleanup(loader: Loader, store: Any, temp_dir: str | None) -> None:
+def _cleanup(loader: Loader, closer: Any, temp_dir: str | None) -> None:
     loader.close()
-    store.close()
+    closer.close()
     if temp_dir is not None:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
@@ -406,6 +485,32 @@ def _open_tokens(data: Any, *, field: str, tokenizer: Any, text_key: str, txt_mo
         raise
 
 
+def _open_stream(data: Any, *, text_key: str, recursive: bool,
+                 options: dict[str, Any]) -> tuple[Any, str]:
+    """``stream=True``: a source of raw documents and the name of its bytes field."""
+    from ._sources import StoreSource, open_source
+    from ._store import Store
+    from ._store import open as open_store
+
+    if isinstance(data, Store) or (isinstance(data, str | os.PathLike) and os.path.isfile(
+            os.path.join(os.fspath(data), "meta.json"))):
+        st = open_store(data.path if isinstance(data, Store) else os.fspath(data))
+        spec = st.fields.get(text_key)
+        if spec is None or spec.shape is not None or np.dtype(spec.dtype) != np.uint8:
+            st.close()
+            raise ConfigError(f"stream=True reads raw text, and store {st.path} has no ragged "
+                              f"bytes field {text_key!r}; pass text_key=, or stream=False for a "
+                              "token store")
+        return StoreSource(st, fields=[text_key], owned=True), text_key
+    src = open_source(data, recursive=recursive, **options)
+    if "bytes" not in list(getattr(src, "fields", [])):
+        src.close()
+        raise ConfigError(f"stream=True needs raw documents (a folder or s3:// prefix where each "
+                          f"file is one document, or a store with a bytes field); {data!r} "
+                          "opened as something else")
+    return src, "bytes"
+
+
 def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 2048,
          stride: int | None = None, add_bos: bool = False, add_eos: bool = True,
          truncate: str = "right", return_mask: bool = True, on_decode_error: str = "error",
@@ -413,7 +518,7 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
          seed: int = 0, epoch: int = 0, epochs: int | None = 1, drop_last: bool = False,
          tail: str | None = None, bos_id: int | None = None, eos_id: int | None = None, pad_id: int | None = None,
          field: str = "tokens", text_key: str = "text", txt_mode: str = "file",
-         recursive: bool = True, cache_dir: str | None = None, to_torch: bool = False, progress: bool | None = False,
+         recursive: bool = True, stream: bool = False, cache_dir: str | None = None, to_torch: bool = False, progress: bool | None = False,
          threads: int | None = None, inflight: int | None = None, ram_gb: float | None = None,
          queue: int | None = None, prefetch: int | None = None, profile: str | None = None,
          constraints: Any = None, runtime: Any = None, rank: int = 0, world_size: int = 1,
@@ -461,6 +566,10 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
             EOS id (mx8).
         field: the token field; text_key, txt_mode, recursive: as for
             :func:`headrace.pack_text`.
+        stream: tokenize raw text in the loader's threads instead of packing it first (mx8's
+            way): every file/object (or store record) is one document, ``packing="pad"`` only,
+            ``batch`` counts documents and a batch has a varying number of rows; bad UTF-8
+            raises or is skipped per ``on_decode_error`` while loading.
         cache_dir: where raw text is packed (default: the system temp folder).
         to_torch: yield torch tensors.
         progress: progress bar while packing raw text.
@@ -488,6 +597,19 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
         raise ConfigError(f"shuffle=True conflicts with order={order!r}; pass only one")
     for mx8_only in ("autopack", "shard_mb"):
         options.pop(mx8_only, None)
+    loader_kw = {"order": order, "seed": seed, "epoch": epoch, "epochs": epochs, "tail": tail,
+                 "rank": rank, "world_size": world_size, "threads": threads,
+                 "inflight": inflight, "ram_gb": ram_gb, "queue": queue, "prefetch": prefetch,
+                 "profile": profile, "constraints": constraints, "runtime": runtime,
+                 "resume": resume, "close_source": False}
+    if stream:
+        return _stream_loader(data, batch=batch, tokenizer=tokenizer, seq_len=seq_len,
+                              stride=stride, add_bos=add_bos, add_eos=add_eos,
+                              truncate=truncate, return_mask=return_mask,
+                              on_decode_error=on_decode_error, packing=packing,
+                              drop_last=drop_last, ids=(bos_id, eos_id, pad_id),
+                              text_key=text_key, recursive=recursive, to_torch=to_torch,
+                              loader_kw=loader_kw, options=options)
     store, temp, info = _open_tokens(data, field=field, tokenizer=tokenizer, text_key=text_key,
                                      txt_mode=txt_mode, recursive=recursive,
                                      on_decode_error=on_decode_error,
@@ -500,11 +622,7 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
                               bos_id=specials[0], eos_id=specials[1], pad_id=specials[2],
                               drop_last=drop_last, return_mask=return_mask, truncate=truncate)
         try:
-            loader = Loader(source, batch=batch, order=order, seed=seed, epoch=epoch,
-                            epochs=epochs, tail=tail, rank=rank, world_size=world_size,
-                            threads=threads, inflight=inflight, ram_gb=ram_gb, queue=queue,
-                            prefetch=prefetch, profile=profile, constraints=constraints,
-                            runtime=runtime, resume=resume, close_source=False)
+            loader = Loader(source, batch=batch, **loader_kw)
         except CheckpointError as e:
             e.add_note("a text checkpoint also pins packing, seq_len, stride, BOS/EOS and the "
                        "special ids")
@@ -514,4 +632,36 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
         raise
-    return TextLoader(source, loader, store=store, temp_dir=temp, info=info, to_torch=to_torch)
+    return TextLoader(source, loader, closer=store, temp_dir=temp, info=info, to_torch=to_torch,
+                      seq_len=seq_len, stride=stride, documents=len(store), name=store.path)
+
+
+def _stream_loader(data: Any, *, batch: int, tokenizer: Any, seq_len: int, stride: int,
+                   add_bos: bool, add_eos: bool, truncate: str, return_mask: bool,
+                   on_decode_error: str, packing: str, drop_last: bool,
+                   ids: tuple[int | None, int | None, int | None], text_key: str,
+                   recursive: bool, to_torch: bool, loader_kw: dict[str, Any],
+                   options: dict[str, Any]) -> TextLoader:
+    if packing != "pad" or drop_last:
+        raise ConfigError("stream=True cuts each document on its own (packing='pad', no "
+                          "drop_last): concat windows need every document's token count up "
+                          "front; use stream=False (the text is packed first)")
+    tok = as_tokenizer(tokenizer)
+    specials = _special_ids(None, tok.identity(), add_bos=add_bos, add_eos=add_eos,
+                            bos_id=ids[0], eos_id=ids[1], pad_id=ids[2])
+    source, key = _open_stream(data, text_key=text_key, recursive=recursive, options=options)
+    try:
+        rows = _StreamRows(tok, key=key, seq_len=seq_len, stride=stride, add_bos=add_bos,
+                           add_eos=add_eos, bos_id=specials[0], eos_id=specials[1],
+                           pad_id=specials[2], truncate=truncate,
+                           on_decode_error=on_decode_error, return_mask=return_mask)
+        per_row = seq_len * (4 + int(return_mask)) + 8
+        # An estimate (one row per document): rows are known only after tokenizing.
+        loader = Loader(source, batch=batch, transform=rows,
+                        transform_nbytes=lambda k: k * per_row, **loader_kw)
+    except BaseException:
+        source.close()
+        raise
+    return TextLoader(source, loader, closer=source, temp_dir=None, info=tok.identity(),
+                      to_torch=to_torch, seq_len=seq_len, stride=stride,
+                      documents=len(source), name=str(data), stream=rows)
