@@ -276,3 +276,20 @@ def test_clip_failing_while_decoding_is_dropped_and_counted(tmp_path: str) -> No
     with pytest.raises(headrace.DecodeError, match=r"a\.mp4.*clip \d+: (corrupt|short)_media"):
         list(headrace.video(root, clip=4, stride=4, fps=8, batch=2, index_dir=idx,
                             on_error="error"))
+
+
+@pytest.mark.parametrize(("ext", "codec"), [("avi", "mpeg4"), ("ts", "libx264"),
+                                            ("mov", "libx264"), ("mkv", "libx264")])
+def test_containers_seek_exactly(tmp_path: str, ext: str, codec: str) -> None:
+    # MPEG-TS seeks by bytes/decode time and may land after the asked keyframe, or past the
+    # end: the decoder retries one keyframe earlier, then from the start
+    root = os.path.join(str(tmp_path), ext)
+    write_video(f"{root}/v.{ext}", 48, fps=24, codec=codec, gop=8)
+    idx = os.path.join(str(tmp_path), "idx")
+    with headrace.video(root, clip=3, stride=1, fps=6, batch=2, shuffle=True, seed=4,
+                        index_dir=idx) as ld:
+        got = run(ld)
+        s = ld.stats()
+    assert len(got) == 10 and s["video_decode_failures_total"] == 0
+    for cid, g in got.items():
+        assert g["frames"] == [(4 * (cid + t)) % LEVELS for t in range(3)], (ext, cid)

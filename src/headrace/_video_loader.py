@@ -129,9 +129,12 @@ def _decode_run(container: Any, stream: Any, pts: np.ndarray, key_before: Any,
                 want: dict[int, list[tuple[int, int]]], out: np.ndarray,
                 size_hw: tuple[int, int] | None, counters: dict[str, int]) -> None:
     lo, hi = min(want), max(want)
-    seek_to = key_before(lo)
+    seek_to: int | None = key_before(lo)  # None: the very start of the file
     while True:
-        container.seek(int(pts[seek_to]), stream=stream, backward=True, any_frame=False)
+        if seek_to is None:
+            container.seek(0)
+        else:
+            container.seek(int(pts[seek_to]), stream=stream, backward=True, any_frame=False)
         counters["seeks"] += 1
         landed_late = False
         first = True
@@ -143,7 +146,9 @@ def _decode_run(container: Any, stream: Any, pts: np.ndarray, key_before: Any,
                 continue
             if first:
                 first = False
-                if i > lo and seek_to > 0:  # the demuxer landed past the frames we need
+                # Demuxers that seek by decode time or by bytes (MPEG-TS) can land on a later
+                # keyframe than asked for: go one keyframe earlier, at last to the start.
+                if i > lo and seek_to is not None:
                     landed_late = True
                     break
             slots = want.pop(i, None)
@@ -157,9 +162,10 @@ def _decode_run(container: Any, stream: Any, pts: np.ndarray, key_before: Any,
                     out[slot, j] = img
             if i >= hi or not want:
                 return
-        if not landed_late:
+        if seek_to is None or not (landed_late or first):
             return  # the stream ended: what is left in ``want`` is short
-        seek_to = key_before(seek_to - 1)  # one keyframe earlier
+        # landed late, or past the end (nothing decoded): retry earlier
+        seek_to = key_before(seek_to - 1) if seek_to > 0 else None
 
 
 class _Decoder:
