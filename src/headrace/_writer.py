@@ -85,7 +85,8 @@ class Writer:
     """The single writer of a store. Use ``headrace.create`` or ``headrace.open(path, mode="a")``.
 
     Changes become visible to readers only at ``commit()``. As a context manager it commits on a
-    clean exit and rolls back (commits nothing) when the block raises.
+    clean exit and rolls back (commits nothing) when the block raises. A writer is meant for one
+    thread at a time; readers (``headrace.open(path)``) may run in any thread or process.
     """
 
     def __init__(self, path: str, lock_fd: int) -> None:
