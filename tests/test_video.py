@@ -293,3 +293,13 @@ def test_containers_seek_exactly(tmp_path: str, ext: str, codec: str) -> None:
     assert len(got) == 10 and s["video_decode_failures_total"] == 0
     for cid, g in got.items():
         assert g["frames"] == [(4 * (cid + t)) % LEVELS for t in range(3)], (ext, cid)
+
+
+def test_to_torch(folder: str, tmp_path: str) -> None:
+    import torch
+
+    with headrace.video(folder, clip=2, stride=2, fps=8, batch=3, to_torch=True,
+                        index_dir=str(tmp_path)) as ld:
+        b = next(ld)
+    assert b["frames"].dtype == torch.uint8 and tuple(b["frames"].shape) == (3, 2, 32, 48, 3)
+    assert b["clip_ids"].tolist() == [0, 1, 2] and b["start_s"].dtype == torch.float64
