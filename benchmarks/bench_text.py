@@ -6,6 +6,8 @@ One process, one synthetic corpus (random words, a WordLevel tokenizer saved as 
 * ``numpy memmap``: the concatenated token stream (EOS between documents) as one flat int32 file;
   a batch is 32 contiguous slices of 2048 tokens copied into one array: the ceiling.
 * ``headrace concat``/``concat shuffled``/``pad``: ``headrace.text`` on the store ``pack_text`` made.
+* ``headrace stream``: ``headrace.text(raw folder, stream=True)``, tokenizing in the loader's threads
+  like mx8 (batch = 32 documents, so rows per batch vary).
 * ``mx8 1.0.7``: ``mx8.text`` on an ``mx8.pack_dir`` of the same documents (one file each), same
   tokenizer file; it tokenizes while loading and pads each document (headrace ``pad`` makes the
   same rows).
@@ -125,14 +127,19 @@ def main() -> None:
                               ("numpy memmap, shuffled windows", True)):
             results.append((name, *timed(lambda s=shuffle: memmap_batches(flat, total, s),
                                          full, args.seconds)))
-        for name, kw in (("headrace.text concat", {}),
-                         ("headrace.text concat shuffled", {"shuffle": True}),
-                         ("headrace.text pad (mx8 rows)", {"packing": "pad"})):
+        tok_store = os.path.join(root, "tok.hr")
+        for name, data, kw in (
+                ("headrace.text concat", tok_store, {}),
+                ("headrace.text concat shuffled", tok_store, {"shuffle": True}),
+                ("headrace.text pad (mx8 rows)", tok_store, {"packing": "pad"}),
+                ("headrace.text stream (tokenize)", raw,
+                 {"packing": "pad", "stream": True, "tokenizer": tok_path,
+                  "store": os.path.join(root, "manifests")})):
             loaders: list[Any] = []
 
-            def make(kw: dict[str, Any] = kw, loaders: list[Any] = loaders) -> Iterator[Any]:
-                loaders.append(headrace.text(os.path.join(root, "tok.hr"), seq_len=SEQ,
-                                             batch=BATCH, epochs=None, **kw))
+            def make(data: str = data, kw: dict[str, Any] = kw,
+                     loaders: list[Any] = loaders) -> Iterator[Any]:
+                loaders.append(headrace.text(data, seq_len=SEQ, batch=BATCH, epochs=None, **kw))
                 return iter(loaders[-1])
 
             results.append((name, *timed(make, hr_count, args.seconds)))

@@ -393,3 +393,18 @@ def test_stream_bad_utf8_policy(tmp_path):
                        truncate="error", on_decode_error="skip") as ld, \
             pytest.raises(headrace.ConfigError, match="sample_id=0 \\(tokens=3"):
         next(ld)
+
+
+def test_compressed_token_store_gives_the_same_windows(tmp_path, store):
+    out = str(tmp_path / "z.hr")
+    with headrace.create(out, fields={"tokens": {"dtype": "int32", "shape": None,
+                                                 "codec": "zstd"}},
+                         attrs={"text": {"eos_id": EOS, "bos_id": BOS}}) as w:
+        w.append({"tokens": [np.asarray(d, np.int32) for d in DOCS]})
+        w.commit()
+    for kw in ({"stride": 3}, {"packing": "pad", "add_bos": True}):
+        with headrace.text(out, seq_len=4, batch=3, **kw) as a, \
+                headrace.text(store, seq_len=4, batch=3, **kw) as b:
+            assert rows(a) == rows(b)
+    with headrace.text(out, seq_len=4) as ld, pytest.raises(headrace.RecordIndexError):
+        ld.source.gather(np.array([ld.windows]))

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import CheckpointError, ConfigError, DecodeError, LoaderError
+from ._errors import CheckpointError, ConfigError, DecodeError, LoaderError, RecordIndexError
 from ._loader import Loader
 from ._pack_text import TEXT_ATTR, pack_text
 from ._snapshot import fetch
@@ -123,6 +123,10 @@ class WindowSource:
     def spans(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(a, b, first document)`` of windows ``ids`` in block-stream offsets."""
         ids = np.asarray(ids, np.int64)
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.windows):
+            bad = int(ids[(ids < 0) | (ids >= self.windows)][0])
+            raise RecordIndexError(f"window id {bad} is out of range for {self.windows} windows "
+                                   f"(valid ids are 0..{self.windows - 1})")
         if self.row_cum is None:
             a = ids * self.stride
             b = np.minimum(a + self.seq_len, self.total_tokens)
@@ -194,25 +198,24 @@ class WindowSource:
         source reads it (``Store.views``); later reads go straight to the chunk (committed bytes
         never change within a snapshot, see ``docs/internals.md``). Other codecs decode.
         """
-        uniq, inv = np.unique(doc, return_inverse=True)
         if not self._raw:
+            uniq, inv = np.unique(doc, return_inverse=True)
             views = self.store.views(uniq, self.field)
             arrays = [np.frombuffer(v, self.dtype) for v in views]
             return [arrays[i] for i in inv.tolist()], np.zeros(len(doc), np.int64)
-        new = uniq[~self._seen[uniq]]
-        if len(new):
+        unseen = ~self._seen[doc]
+        if unseen.any():
+            new = np.unique(doc[unseen])
             self.store.views(new, self.field)  # verifies bounds and checksums once
             self._seen[new] = True
         cid, off, _ln, _nb, _crc = fetch(self._snap.fields[self.field], doc)
         isz = self.dtype.itemsize
         chunks = self._chunks
-        out = []
-        for c in cid.tolist():
-            arr = chunks.get(c)
-            if arr is None:
+        for c in np.unique(cid).tolist():
+            if c not in chunks:
                 raw = self._snap.chunks[c]
-                arr = chunks[c] = raw[:len(raw) // isz * isz].view(self.dtype)
-            out.append(arr)
+                chunks[c] = raw[:len(raw) // isz * isz].view(self.dtype)
+        out = [chunks[c] for c in cid.tolist()]
         return out, off // isz
 
     def close(self) -> None:
