@@ -218,13 +218,13 @@ def check_entries(st: Snapshot, f: MappedField, idx: np.ndarray
     present = ln != 0
     limit = st.limits[f.spec.name][np.minimum(cid, len(st.chunk_size))]  # -1: not this field's
     bad = present & ((off + ln > limit) | (off < 0))
+    bad |= ~present & ((cid != 0) | (off != 0) | (nb != 0))  # an absent entry is all zeros
     if f.rec >= 0:
         if f.spec.codec == "raw":  # stored == decoded, whole aligned rows
             bad |= (nb != ln) | (present & (ln != f.rec)) | (off % max(f.rec, 1) != 0)
         else:
             bad |= nb != present * f.rec
     else:
-        bad |= ~present & (nb != 0)
         if f.spec.dtype.itemsize > 1:
             bad |= (nb % f.spec.dtype.itemsize) != 0
         if f.spec.codec == "raw":
