@@ -20,7 +20,9 @@ Every peer reads every row of one epoch per round; the peers take turns, one epo
 other processes on a shared machine hits them alike. ``rows/s`` is the median epoch after the first
 and ``vs ceiling`` the median of the per-round ratios (steady state: headrace checksums each record
 the first time a process reads it, which the first epoch column shows; the other peers do no
-integrity checks at all). Peak RSS
+integrity checks at all). ``CPU us/batch`` is the CPU time all of a peer's threads and processes
+spent per batch: unlike wall time it barely moves with load from other jobs, and it bounds what a
+peer can reach on an idle machine (2 threads at best halve the wall time of their CPU work). Peak RSS
 is ``ru_maxrss`` of the peer's process plus its largest child (torch workers); it counts the mmap'd
 page-cache pages a peer touched, which are shared and reclaimable, so ``anon MB`` (the peak of the
 process's anonymous RSS, sampled every 10 ms) says what a peer really allocated.
@@ -284,6 +286,13 @@ RUNNERS = {"ceiling": run_ceiling, "headrace": run_headrace,
            "torch": run_torch, "grain": run_grain}
 
 
+def _cpu_seconds() -> float:
+    """CPU time of this process (all threads) and of its exited children (torch workers)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def serve_peer(peer: str, root: Path, rows: int) -> None:
     """Child process: runs one epoch of ``peer`` per ``run`` line on stdin, prints JSON lines."""
     anon = AnonPeak()
@@ -291,13 +300,15 @@ def serve_peer(peer: str, root: Path, rows: int) -> None:
     print(json.dumps({"ready": peer}), flush=True)
     for line in sys.stdin:
         if line.strip() == "run":
+            cpu0 = _cpu_seconds()
             t0 = time.perf_counter()
             got = RUNNERS[peer](root, rows, repeat)
             seconds = time.perf_counter() - t0
+            cpu = _cpu_seconds() - cpu0
             repeat += 1
             if got != rows:
                 raise RuntimeError(f"{peer} delivered {got} rows, expected {rows}")
-            result = {"seconds": seconds}
+            result = {"seconds": seconds, "cpu_seconds": cpu}
             if peer == "headrace":  # timed right after the epoch, under the same machine load
                 result["sampler_s_per_batch"] = sampler_seconds_per_batch(rows)
             print(json.dumps(result), flush=True)
@@ -320,6 +331,7 @@ class Peer:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.seconds: list[float] = []
         self.sampler_s: list[float] = []
+        self.cpu_s: list[float] = []
         self.final: dict[str, Any] = {}
         self._read()  # the "ready" line
 
@@ -337,6 +349,7 @@ class Peer:
         self.proc.stdin.flush()
         result = self._read()
         self.seconds.append(float(result["seconds"]))
+        self.cpu_s.append(float(result["cpu_seconds"]))
         if "sampler_s_per_batch" in result:
             self.sampler_s.append(float(result["sampler_s_per_batch"]))
         return self.seconds[-1]
@@ -355,7 +368,7 @@ class Peer:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=DEFAULT_ROWS)
-    parser.add_argument("--rounds", type=int, default=4,
+    parser.add_argument("--rounds", type=int, default=5,
                         help="epochs per peer; the first is reported on its own")
     parser.add_argument("--peers", default=",".join(PEERS),
                         help=f"comma-separated subset of {','.join(PEERS)}")
@@ -388,17 +401,21 @@ def main() -> None:
 
     ceiling = next((p for p in peers if p.name == "ceiling"), None)
     print()
-    print("| peer | rows/s | vs ceiling | first epoch rows/s | peak RSS MB | anon MB |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| peer | rows/s | vs ceiling | first epoch rows/s | CPU us/batch | CPU vs ceiling "
+          "| peak RSS MB | anon MB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    batches = -(-args.rows // BATCH)
     for peer in peers:
         rate = args.rows / float(np.median(steady(peer)))
-        ratio = "-"
+        cpu = float(np.median(peer.cpu_s[1:] or peer.cpu_s))
+        ratio = cpu_ratio = "-"
         if ceiling is not None:
             ratios = [c / s for c, s in zip(steady(ceiling), steady(peer), strict=True)]
             ratio = f"{np.median(ratios):.2f}x"
+            cpu_ratio = f"{cpu / float(np.median(ceiling.cpu_s[1:] or ceiling.cpu_s)):.2f}x"
         print(f"| {peer.name} | {rate:,.0f} | {ratio} | {args.rows / peer.seconds[0]:,.0f} | "
-              f"{peer.final['peak_rss_mb']:,.0f} | {peer.final['anon_mb']:,.0f} |")
-    batches = -(-args.rows // BATCH)
+              f"{cpu / batches * 1e6:,.0f} | {cpu_ratio} | {peer.final['peak_rss_mb']:,.0f} | "
+              f"{peer.final['anon_mb']:,.0f} |")
     for peer in peers:
         if peer.sampler_s:
             shares = [b / (e / batches) for b, e in zip(peer.sampler_s, peer.seconds, strict=True)]
