@@ -40,6 +40,7 @@ from headrace._order import Mode, Order, make_order
 from headrace._plan import BatchPlan, Step
 from headrace._sources import Source, open_source, payload_nbytes
 from headrace._stats import LoaderCounters, print_line
+from headrace._timeline import Recorder
 
 __all__ = ["Loader"]
 
@@ -96,8 +97,12 @@ class _Engine:
         self.ram_blocked_since: float | None = None
         self._steps = steps
         self.pid = os.getpid()  # threads do not survive fork(): a child must build its own
-        self.threads = [threading.Thread(target=self._work, name=f"headrace-worker-{i}",
-                                         daemon=True) for i in range(cfg.threads)]
+        # issue 10 (timeline): seconds each worker spent in [gather, transform]; one slot per
+        # worker, so each is written by one thread only and no lock is needed.
+        self.busy = [[0.0, 0.0] for _ in range(cfg.threads)]
+        self.threads = [threading.Thread(target=self._work, args=(i,),
+                                         name=f"headrace-worker-{i}", daemon=True)
+                        for i in range(cfg.threads)]
         for t in self.threads:
             t.start()
 
@@ -168,16 +173,21 @@ class _Engine:
 
     # -- workers ---------------------------------------------------------------------------------
 
-    def _work(self) -> None:
+    def _work(self, slot: int) -> None:
+        busy = self.busy[slot]
         while True:
             task = self._next_task()
             if task is None:
                 return
+            t0 = time.monotonic()
             try:
                 batch = self.source.gather(task.ids)
+                t1 = time.monotonic()
+                busy[0] += t1 - t0
                 if self.transform is not None:
                     task.where = "transform"
                     batch = self.transform(batch, task.ids)
+                    busy[1] += time.monotonic() - t1
                 task.batch = batch
             except BaseException as e:
                 task.error = e
@@ -311,6 +321,8 @@ class Loader:
         close_source: close the source with the loader (default: only if the loader opened it).
         budget: a ``ByteBudget`` to reserve from instead of a private one (``headrace.mix`` passes
             each source a share of one cap).
+        timeline: record periodic ``stats()`` snapshots for ``stats_timeline()`` /
+            ``headrace.plot``: ``True`` (every 0.5 s) or a period in seconds.
 
     Raises:
         ConfigError: a bad knob, or a cap smaller than one batch (the message says the minimum).
@@ -331,12 +343,17 @@ class Loader:
                  prefetch: int | None = None, profile: str | None = None,
                  constraints: Constraints | None = None, runtime: RuntimeConfig | None = None,
                  resume: bytes | None = None, close_source: bool | None = None,
-                 budget: ByteBudget | None = None) -> None:
+                 budget: ByteBudget | None = None, timeline: bool | float = False) -> None:
         # issue 6 (mix): the settings, so _reopen() can rebuild this loader; budget= lets a mix
         # hand every source one shared byte budget (a _shared_budget.BudgetShare).
         self._init_kwargs = {k: v for k, v in locals().items() if k not in ("self", "source")}
         self._engine: _Engine | None = None
         self._closed = False
+        self._timeline: Recorder | None = None
+        if timeline is True:  # issue 10: True = the default period, a number = period_s
+            self.enable_timeline()
+        elif timeline is not False:
+            self.enable_timeline(period_s=float(timeline))
         self.batch_size = _check_int("batch", batch, 1)
         self.seed = _check_int("seed", seed, 0)
         self._mode = _as_mode(order)
@@ -455,6 +472,8 @@ class Loader:
         if result is None:
             self._exhausted = True
             engine.shutdown()
+            if self._timeline is not None:
+                self._timeline.record(self.stats())  # the end of the run
             raise StopIteration
         if result.error is not None:
             self._exhausted = True
@@ -467,6 +486,9 @@ class Loader:
         self.last_ids = result.ids
         self._counters.on_delivery(samples=len(result.ids), nbytes=payload_nbytes(result.batch),
                                    waited_s=waited)
+        tl = self._timeline
+        if tl is not None and t0 + waited >= tl.next_at:  # one compare per batch otherwise
+            tl.record(self.stats())
         return result.batch
 
     def __len__(self) -> int:
@@ -515,6 +537,8 @@ class Loader:
             "max_inflight_bytes": cfg.max_inflight_bytes,
             "max_process_rss_bytes": cfg.max_ram_bytes,
             "budget_wait_seconds": self._budget.wait_seconds,
+            "gather_busy_seconds": sum(b[0] for b in engine.busy) if engine else 0.0,
+            "transform_busy_seconds": sum(b[1] for b in engine.busy) if engine else 0.0,
             "queue_depth": engine.queue_depth() if engine else 0,
             "batches_in_flight": engine.in_flight() if engine else 0,
             "batch_size_samples": self.batch_size,
@@ -530,6 +554,26 @@ class Loader:
             "autotune_enabled": False,
         })
         return s
+
+    def enable_timeline(self, *, period_s: float = 0.5, capacity: int = 512) -> None:
+        """Record a snapshot of ``stats()`` every ``period_s`` seconds (see ``stats_timeline()``).
+
+        Sampling happens in ``next()`` once the period has passed (one clock compare per batch
+        otherwise); at most ``capacity`` snapshots are kept: when full, every other one is dropped
+        and the period doubles, so a long run stays covered end to end in bounded memory.
+        """
+        self._timeline = Recorder(period_s=period_s, capacity=capacity)
+
+    def stats_timeline(self) -> dict[str, Any]:
+        """The recorded snapshots as a JSON-serializable dict (``headrace.plot`` draws it).
+
+        Raises:
+            ConfigError: the timeline was never enabled (``timeline=True`` or ``enable_timeline``).
+        """
+        if self._timeline is None:
+            raise ConfigError("this loader records no timeline; pass Loader(..., timeline=True) "
+                              "or call loader.enable_timeline() before iterating")
+        return self._timeline.export(self.stats(), kind="loader")
 
     def print_stats(self) -> None:
         """One line on stderr: batches, samples, inflight, RSS, high water, rate, consumer wait."""
