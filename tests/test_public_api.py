@@ -19,6 +19,7 @@ EXPECTED = sorted([
     "DistributedDataLoader", "MixedLoader", "mix", "run",
     "TextLoader", "pack_text", "text",
     "AudioLoader", "VideoLoader", "audio", "video",
+    "plot",
 ])
 
 

@@ -59,6 +59,7 @@ _EXPORTS: dict[str, str] = {
     "pack_arrays": "_pack_arrays",
     "pack_dir": "_pack_dir",
     "pack_text": "_pack_text",
+    "plot": "_plot",
     "resolve": "_resolve",
     "resolve_manifest_hash": "_resolve",
     "run": "_run",
