@@ -176,7 +176,13 @@ class _Engine:
     def _work(self, slot: int) -> None:
         busy = self.busy[slot]
         while True:
-            task = self._next_task()
+            try:
+                task = self._next_task()
+            except BaseException as e:  # e.g. the step plan raised: never leave the consumer waiting
+                with self.lock:
+                    k = self.next_dispatch
+                self._post(_Result(k, np.empty(0, np.int64), 0, 0, error=e, where="dispatcher"))
+                return
             if task is None:
                 return
             t0 = time.monotonic()
