@@ -33,7 +33,7 @@ _KEYS = ("delivered_batches_total", "delivered_samples_total", "delivered_bytes_
          "consumer_wait_seconds", "budget_wait_seconds", "ram_wait_seconds",
          "gather_busy_seconds", "transform_busy_seconds", "queue_depth", "batches_in_flight",
          "inflight_bytes", "process_rss_bytes", "page_cache_resident_bytes", "counted_rss_bytes")
-_CUMULATIVE = ("delivered_samples_total", "delivered_bytes_total", "consumer_wait_seconds",
+_CUMULATIVE = ("delivered_batches_total", "delivered_samples_total", "delivered_bytes_total", "consumer_wait_seconds",
                "budget_wait_seconds", "ram_wait_seconds", "gather_busy_seconds",
                "transform_busy_seconds")
 # Caps and settings taken from the last stats() into the timeline's header.
@@ -124,7 +124,7 @@ def derive(samples: list[dict[str, float]], *, threads: int) -> list[dict[str, f
     prev: dict[str, float] = {"t": 0.0, **{k: 0.0 for k in _CUMULATIVE}}
     for s in samples:
         dt = max(s["t"] - prev["t"], 1e-9)
-        d = {k: s[k] - prev[k] if s[k] >= prev[k] else s[k] for k in _CUMULATIVE}
+        d = _delta(s, prev)
         busy = d["gather_busy_seconds"] + d["transform_busy_seconds"]
         out.append({**s,
                     "samples_per_second": d["delivered_samples_total"] / dt,
@@ -134,6 +134,21 @@ def derive(samples: list[dict[str, float]], *, threads: int) -> list[dict[str, f
                     "budget_wait_fraction": min(1.0, d["budget_wait_seconds"] / dt)})
         prev = s
     return out
+
+
+def _delta(s: Mapping[str, float], prev: Mapping[str, float]) -> dict[str, float]:
+    return {k: s[k] - prev[k] if s[k] >= prev[k] else s[k] for k in _CUMULATIVE}
+
+
+def _totals(samples: list[dict[str, float]]) -> dict[str, float]:
+    """Each cumulative counter summed over the run, surviving counter restarts (new epochs)."""
+    total = dict.fromkeys(_CUMULATIVE, 0.0)
+    prev: dict[str, float] = dict.fromkeys(_CUMULATIVE, 0.0)
+    for s in samples:
+        for k, v in _delta(s, prev).items():
+            total[k] += v
+        prev = s
+    return total
 
 
 def load_timeline(obj: Any) -> dict[str, Any]:
@@ -163,8 +178,8 @@ def load_timeline(obj: Any) -> dict[str, Any]:
 def summarize(timeline: Mapping[str, Any]) -> dict[str, Any]:
     """Whole-run figures of a timeline: rates, where time went, high waters, the verdict."""
     samples = timeline.get("samples") or []
-    last = samples[-1] if samples else {}
-    elapsed = float(last.get("t", 0.0))
+    elapsed = float(samples[-1]["t"]) if samples else 0.0
+    last = _totals(samples)
     threads = int(timeline.get("threads") or 1)
 
     def frac(seconds: float, per: float = 1.0) -> float:
@@ -233,7 +248,8 @@ def advice(summary: Mapping[str, Any], *, cpus: int | None = None) -> list[str]:
             tips.append(f"workers busy {busy:.0%} on all {cpus} cores: the CPU is the limit; "
                         "use cheaper transforms, a faster codec (raw/lz4) or smaller images")
     elif summary["budget_wait_fraction"] < 0.25:
-        tips.append(f"workers busy only {busy:.0%} yet the queue runs empty: reads are slow "
-                    "(cold page cache, disk or network); raise --inflight / --queue so more "
-                    "batches are fetched at once, or add --threads to overlap the waits")
+        tips.append(f"workers busy only {busy:.0%} (gathering and transforming; slow reads "
+                    "would count as busy) while the consumer waited: the time goes to per-batch "
+                    "overhead (dispatch in batch order, Python, the GIL); use a larger --batch "
+                    "(batch=) so each batch carries more records")
     return tips
