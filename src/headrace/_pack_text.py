@@ -44,6 +44,7 @@ class _Input:
     name: str  # path or s3:// url, for messages
     size: int
     key: str | None = None  # S3 key (None: local path in name)
+    client: Any = None  # the bucket's ObjectStore for S3 inputs
 
 
 def _list_local(src: str, recursive: bool) -> list[_Input]:
@@ -62,14 +63,15 @@ def _list_local(src: str, recursive: bool) -> list[_Input]:
     return sorted(found, key=lambda i: i.name)
 
 
-def _list_s3(url: str, options: dict[str, Any]) -> tuple[Any, list[_Input]]:
+def _list_s3(url: str, options: dict[str, Any]) -> list[_Input]:
     from ._objstore import ObjectStore, S3Options, split_s3_url
 
     bucket, prefix = split_s3_url(url)
     client = ObjectStore(bucket, options=S3Options.from_kwargs(options))
-    items = [_Input(f"s3://{bucket}/{o.key}", o.size, key=o.key) for o in client.list(prefix)
+    items = [_Input(f"s3://{bucket}/{o.key}", o.size, key=o.key, client=client)
+             for o in client.list(prefix)
              if not os.path.basename(o.key).startswith(".") and o.key.endswith(SUFFIXES)]
-    return client, sorted(items, key=lambda i: i.key or "")
+    return sorted(items, key=lambda i: i.key or "")
 
 
 def _lines(data: bytes) -> Iterator[tuple[int, bytes]]:
@@ -97,7 +99,6 @@ class _Docs:
                  options: dict[str, Any]) -> None:
         self.text_key = text_key
         self.txt_mode = txt_mode
-        self.client: Any = None
         self.store: Any = None
         self.inputs: list[_Input] = []
         if _is_store_like(src):
@@ -119,7 +120,7 @@ class _Docs:
             for s in srcs:
                 s = os.fspath(s)
                 if s.startswith("s3://"):
-                    self.client, found = _list_s3(s, dict(options))
+                    found = _list_s3(s, dict(options))
                 else:
                     found = _list_local(s, recursive)
                 self.inputs.extend(found)
@@ -161,7 +162,7 @@ class _Docs:
 
     def _read(self, inp: _Input) -> bytes:
         if inp.key is not None:
-            return bytes(self.client.get(inp.key)[0])
+            return bytes(inp.client.get(inp.key)[0])
         with open(inp.name, "rb") as f:
             return f.read()
 
