@@ -103,9 +103,9 @@ class Recorder:
         """
         samples = list(self._samples)
         if stats is not None:
-            now = time.monotonic()
-            if not samples or now - self.started - samples[-1]["t"] > 1e-3:
-                samples.append(self._snap(stats, now))
+            snap = self._snap(stats, time.monotonic())
+            if not samples or any(snap[k] != samples[-1][k] for k in _KEYS):
+                samples.append(snap)
         header: dict[str, Any] = {}
         for key in _HEADER:
             v = (stats or {}).get(key)
