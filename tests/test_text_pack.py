@@ -135,3 +135,23 @@ def test_pack_from_s3_prefix(tmp_path):
                                   tokenizer=word_tokenizer())
     assert info["documents"] == 3
     assert tokens(tmp_path / "s3.hr") == [[9, 10], [4, 5], [6, 7]]
+
+
+def test_mx8_pack_of_text_files(tmp_path):
+    import mx8
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for i, t in enumerate(["the cat", "a dog sat", "on the mat"]):
+        (raw / f"{i}.txt").write_text(t)
+    mx8.pack_dir(str(raw), out=str(tmp_path / "mx8"))
+    tok = word_tokenizer()
+    headrace.pack_text(str(tmp_path / "mx8"), str(tmp_path / "from-mx8.hr"), tokenizer=tok)
+    headrace.pack_text(str(raw), str(tmp_path / "from-raw.hr"), tokenizer=tok)
+    assert tokens(tmp_path / "from-mx8.hr") == tokens(tmp_path / "from-raw.hr") == [
+        [4, 5], [9, 10, 6], [7, 4, 8]]
+    # and mx8.text's rows, read straight from the pack while tokenizing
+    with headrace.text(str(tmp_path / "mx8"), stream=True, packing="pad", tokenizer=tok,
+                       seq_len=3, batch=2, pad_id=0) as ld:
+        got = [row for b in ld for row in b["tokens"].tolist()]
+    assert got == [[4, 5, 1], [9, 10, 6], [1, 0, 0], [7, 4, 8], [1, 0, 0]]

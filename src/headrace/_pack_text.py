@@ -5,7 +5,8 @@ Documents, in this order: files sorted by path (S3: by key; hidden files skipped
 ignored), and inside a file, in file order. A ``.txt`` file is one document (``txt_mode="file"``,
 mx8's rule: one file = one sample) or one document per non-empty line (``txt_mode="line"``). A
 ``.jsonl`` file holds one JSON object per non-empty line; its ``text_key`` is the document. A store
-holding a ragged ``bytes`` field named ``text_key`` gives one document per record.
+holding a ragged ``bytes`` field named ``text_key`` gives one document per record, an mx8 pack
+(``mx8.pack_dir`` of text files) one per sample.
 
 Output: a store with one ragged int32 field (``field``, default ``"tokens"``), record ``i`` = the
 ``i``-th kept document's ids (no special tokens: BOS/EOS are the loader's choice), and
@@ -100,8 +101,14 @@ class _Docs:
         self.text_key = text_key
         self.txt_mode = txt_mode
         self.store: Any = None
+        self.records: Any = None
         self.inputs: list[_Input] = []
-        if _is_store_like(src):
+        if is_mx8_pack(src):
+            from ._image_sources import Mx8PackImages
+
+            self.records = Mx8PackImages(os.fspath(src))
+            self.total = len(self.records)
+        elif _is_store_like(src):
             from ._store import Store
             from ._store import open as open_store
 
@@ -127,16 +134,22 @@ class _Docs:
             if not self.inputs:
                 raise ConfigError(f"pack_text found no .txt or .jsonl files in {src!r}")
             self.total = sum(i.size for i in self.inputs)
-        self.source_desc = (self.store.path if self.store is not None
-                            else [i.name for i in self.inputs][:1][0])
-
     def close(self) -> None:
         if self.store is not None and self._owned:
             self.store.close()
+        if self.records is not None:
+            self.records.close()
 
     def __iter__(self) -> Iterator[tuple[str, str | Exception | None, int]]:
         """``(where, text or the decode error, input units done)``; text ``None`` is progress
         only (the rest of a line-based file), not a document."""
+        if self.records is not None:  # an mx8 pack: one document per sample
+            n = len(self.records)
+            for lo in range(0, n, 1024):
+                ids = np.arange(lo, min(n, lo + 1024))
+                for i, v in zip(ids.tolist(), self.records.payloads(ids), strict=True):
+                    yield f"{self.records.root} sample {i}", _decode(bytes(v)), 1
+            return
         if self.store is not None:
             n = len(self.store)
             for lo in range(0, n, 1024):
@@ -193,6 +206,12 @@ def _decode(raw: bytes) -> str | Exception:
         return e
 
 
+def is_mx8_pack(src: Any) -> bool:
+    """A folder made by ``mx8.pack_dir`` (``_mx8/manifest.tsv``)."""
+    return isinstance(src, str | os.PathLike) and os.path.isfile(
+        os.path.join(os.fspath(src), "_mx8", "manifest.tsv"))
+
+
 def _is_store_like(src: Any) -> bool:
     if type(src).__name__ == "Store":
         return True
@@ -214,8 +233,9 @@ def pack_text(src: Any, out: str | os.PathLike[str], *, tokenizer: Any = None,
 
     Args:
         src: a folder (walked in sorted order), a ``.txt``/``.jsonl`` file, a list of those, an
-            ``s3://bucket/prefix`` (objects under it, sorted by key), or a store (path or
-            ``Store``) with a ragged bytes field ``text_key``.
+            ``s3://bucket/prefix`` (objects under it, sorted by key), a store (path or
+            ``Store``) with a ragged bytes field ``text_key``, or an ``mx8.pack_dir`` pack (one
+            document per sample, in sample-id order).
         out: the new store's directory (must not exist or be empty).
         tokenizer: ``None`` (byte-level, offline), a ``tokenizer.json`` path, a
             ``tokenizers.Tokenizer``, or any callable ``str -> ids``. No special tokens are
@@ -287,7 +307,7 @@ def _pack(docs: _Docs, out: str, tok: TextTokenizer, *, field: str, on_decode_er
 
 def _fill(w: Any, docs: _Docs, tok: TextTokenizer, *, field: str, on_decode_error: str,
           progress: bool | None, batch_bytes: int, settings: dict[str, Any]) -> dict[str, int]:
-    unit = "doc" if docs.store is not None else "B"
+    unit = "B" if docs.inputs else "doc"
     counts = {"documents": 0, "tokens": 0, "skipped": 0}
     pending: list[str] = []
     pending_bytes = 0

@@ -35,7 +35,7 @@ import numpy as np
 
 from ._errors import CheckpointError, ConfigError, DecodeError, LoaderError, RecordIndexError
 from ._loader import Loader
-from ._pack_text import TEXT_ATTR, pack_text
+from ._pack_text import TEXT_ATTR, is_mx8_pack, pack_text
 from ._snapshot import fetch
 from ._sources import store_fingerprint
 from ._tokenizer import as_tokenizer
@@ -495,6 +495,10 @@ def _open_stream(data: Any, *, text_key: str, recursive: bool,
     from ._store import Store
     from ._store import open as open_store
 
+    if is_mx8_pack(data):
+        from ._image_sources import Mx8PackImages
+
+        return Mx8PackImages(os.fspath(data)), "image"  # a Source of Ragged sample bytes
     if isinstance(data, Store) or (isinstance(data, str | os.PathLike) and os.path.isfile(
             os.path.join(os.fspath(data), "meta.json"))):
         st = open_store(data.path if isinstance(data, Store) else os.fspath(data))
