@@ -12,7 +12,9 @@ One process, one synthetic corpus (random words, a WordLevel tokenizer saved as 
   tokenizer file; it tokenizes while loading and pads each document (headrace ``pad`` makes the
   same rows).
 
-"tokens/s" counts every delivered position (batch x seq_len); "real tok/s" only mask-True ones.
+"tokens/s" counts every delivered position (batch x seq_len); "real tok/s" only mask-True ones;
+"CPU ms/Mtok" is the process's CPU time (all threads) per million delivered tokens, the figure to
+compare on a shared machine.
 
     .venv/bin/python benchmarks/bench_text.py [--docs 4000] [--words 2000] [--seconds 8]
 """
@@ -56,14 +58,19 @@ def make_corpus(root: str, docs: int, words: int, seed: int = 0) -> tuple[str, s
 
 
 def timed(make: Callable[[], Iterator[Any]], count: Callable[[Any], tuple[int, int]],
-          seconds: float) -> tuple[float, float, float]:
-    """(seconds to the first batch, tokens/s, real tokens/s) after the first batch, over at most
-    ``seconds`` or until the iterator ends."""
+          seconds: float) -> tuple[float, float, float, float]:
+    """(seconds to the first batch, tokens/s, real tokens/s, CPU seconds per million tokens)
+    after the first batch, over at most ``seconds`` or until the iterator ends.
+
+    CPU time is the whole process's (consumer and worker threads): what a batch costs, robust to
+    other load on a shared machine, unlike wall-clock rates.
+    """
     t0 = time.perf_counter()
     batches = make()
     next(batches)
     first_s = time.perf_counter() - t0
     t0 = time.perf_counter()
+    c0 = time.process_time()
     tot = real = 0
     for b in batches:
         a, r = count(b)
@@ -72,7 +79,8 @@ def timed(make: Callable[[], Iterator[Any]], count: Callable[[Any], tuple[int, i
         if time.perf_counter() - t0 >= seconds:
             break
     dt = time.perf_counter() - t0
-    return first_s, tot / dt, real / dt
+    cpu = time.process_time() - c0
+    return first_s, tot / dt, real / dt, cpu / max(tot, 1) * 1e6
 
 
 def memmap_batches(path: str, total: int, shuffle: bool) -> Iterator[np.ndarray]:
@@ -115,7 +123,7 @@ def main() -> None:
         total = len(stream)
         del stream
 
-        results: list[tuple[str, float, float, float]] = []
+        results: list[tuple[str, float, float, float, float]] = []
 
         def full(b: Any) -> tuple[int, int]:
             return b.size, b.size
@@ -146,19 +154,19 @@ def main() -> None:
             loaders[-1].close()
         if not args.no_mx8:
             results.extend(run_mx8(root, raw, tok_path, args.seconds))
-        base = results[0][2]
+        base, base_cpu = results[0][2], results[0][4]
         print(f"\nseq_len {SEQ}, batch {BATCH}, {os.cpu_count()} CPUs")
-        print(f"{'loader':34s} {'1st batch':>10s} {'tokens/s':>12s} {'real tok/s':>12s} "
-              f"{'vs memmap':>10s}")
-        for name, first_s, tps, real in results:
-            print(f"{name:34s} {first_s * 1e3:7.1f} ms {tps / 1e6:10.1f} M {real / 1e6:10.1f} M "
-                  f"{tps / base:9.3f}x")
+        print(f"{'loader':34s} {'1st batch':>10s} {'tokens/s':>10s} {'real tok/s':>11s} "
+              f"{'vs memmap':>9s} {'CPU ms/Mtok':>11s} {'CPU vs memmap':>13s}")
+        for name, first_s, tps, real, cpu in results:
+            print(f"{name:34s} {first_s * 1e3:7.1f} ms {tps / 1e6:8.1f} M {real / 1e6:9.1f} M "
+                  f"{tps / base:8.3f}x {cpu * 1e3:11.2f} {cpu / base_cpu:12.1f}x")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
 def run_mx8(root: str, raw: str, tok_path: str,
-            seconds: float) -> list[tuple[str, float, float, float]]:
+            seconds: float) -> list[tuple[str, float, float, float, float]]:
     try:
         import mx8
         import torch  # noqa: F401  (mx8 imports it for its batches: keep that out of the timing)
