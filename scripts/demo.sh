@@ -4,5 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
-.venv/bin/python -m pip install -q -e .
+.venv/bin/python -m pip install -q -e ".[demo]"
 exec .venv/bin/python -m headrace.demo "$@"

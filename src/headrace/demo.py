@@ -188,12 +188,239 @@ def step_memory(demo: Demo) -> None:
                        "the mapped chunks")
 
 
+# --- issue 10: an image set, a few training steps, live throughput and memory, the timeline ---
+
+SHAPES = ("circle", "square", "triangle", "stripes")  # the classes: one shape per image
+PHOTO_SIZE = 64
+TRAIN_HW = (32, 32)
+
+
+def make_photo(i: int, size: int = PHOTO_SIZE) -> tuple[np.ndarray, int]:
+    """Image ``i`` of the synthetic photo set and its class: a shape on a gradient, with noise.
+
+    Deterministic in ``i``. Position, size, colours and background differ per image, so the shape
+    (the label) is what a model has to learn; JPEG-encoded it looks like a small photograph.
+    """
+    rng = np.random.default_rng([SEED, i])
+    label = i % len(SHAPES)
+    y, x = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    angle = rng.uniform(0, 2 * np.pi)
+    ramp = (x * np.cos(angle) + y * np.sin(angle) + 1.5) / 3.0
+    c0, c1, fg = rng.uniform(0, 255, size=(3, 3)).astype(np.float32)
+    img = c0 + (c1 - c0) * ramp[..., None]
+    cy, cx = rng.uniform(0.3, 0.7, size=2)
+    r = rng.uniform(0.15, 0.3)
+    dy, dx = y - cy, x - cx
+    if SHAPES[label] == "circle":
+        mask = dy * dy + dx * dx < r * r
+    elif SHAPES[label] == "square":
+        mask = (np.abs(dx) < r) & (np.abs(dy) < r)
+    elif SHAPES[label] == "triangle":
+        mask = (dy < r) & (np.abs(dx) < (dy + r) / 2)
+    else:
+        mask = np.sin((x * np.cos(angle + 1) + y * np.sin(angle + 1)) * 40) > 0.3
+    img[mask] = 0.35 * img[mask] + 0.65 * fg
+    img += rng.normal(0, 6, size=img.shape)
+    return np.clip(img, 0, 255).astype(np.uint8), label
+
+
+def make_photo_folder(root: Path, count: int) -> int:
+    """Writes ``count`` JPEGs as ``root/<shape>/<i>.jpg`` (an ImageFolder); returns bytes written."""
+    from PIL import Image
+
+    total = 0
+    for name in SHAPES:
+        (root / name).mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        pixels, label = make_photo(i)
+        path = root / SHAPES[label] / f"{i:05d}.jpg"
+        Image.fromarray(pixels).save(path, quality=90)
+        total += path.stat().st_size
+    return total
+
+
+def _photo_count() -> int:
+    return int(os.environ.get("HEADRACE_DEMO_IMAGES", "800"))
+
+
+def step_photos(demo: Demo) -> None:
+    """Makes the synthetic photo folder once (JPEG files, 4 classes); later runs reuse it."""
+    count = _photo_count()
+    root = demo.root / f"photos-{count}"
+    demo.results["photos"] = root
+    if (root / ".complete").exists():
+        demo.say("photos", f"reusing {count} JPEGs in {root}")
+        return
+    if root.exists():
+        shutil.rmtree(root)
+    nbytes = make_photo_folder(root, count)
+    (root / ".complete").write_text(str(count))
+    demo.say("photos", f"made {count} {PHOTO_SIZE}x{PHOTO_SIZE} JPEGs in {len(SHAPES)} classes "
+                       f"({', '.join(SHAPES)}), {nbytes / 1e6:.1f} MB in {root}")
+
+
+def step_pack_photos(demo: Demo) -> None:
+    """Packs the JPEG folder into a store with ``headrace.pack_dir`` (labels from the folders)."""
+    import headrace
+
+    out = demo.root / "photos.hr"
+    t0 = time.perf_counter()
+    info = headrace.pack_dir(demo.results["photos"], out=out, overwrite=True)
+    demo.results["photo_store"] = out
+    demo.say("pack-photos", f"packed {info['samples']} JPEGs ({len(info['classes'])} classes) "
+                            f"into {out} in {time.perf_counter() - t0:.2f} s")
+
+
+def _numpy_trainer(n_in: int, n_out: int) -> Callable[[np.ndarray, np.ndarray], tuple[float, float]]:
+    """Softmax regression by plain NumPy SGD (used when JAX is not installed)."""
+    rng = np.random.default_rng(SEED)
+    w = rng.normal(0, 0.01, size=(n_in, n_out)).astype(np.float32)
+    b = np.zeros(n_out, np.float32)
+
+    def step(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+        nonlocal w, b
+        logits = x @ w + b
+        logits -= logits.max(axis=1, keepdims=True)
+        p = np.exp(logits)
+        p /= p.sum(axis=1, keepdims=True)
+        loss = float(-np.log(p[np.arange(len(y)), y] + 1e-9).mean())
+        acc = float((p.argmax(axis=1) == y).mean())
+        p[np.arange(len(y)), y] -= 1
+        w -= 0.05 * (x.T @ p) / len(y)
+        b -= 0.05 * p.mean(axis=0)
+        return loss, acc
+
+    return step
+
+
+def _jax_trainer(n_in: int, n_out: int) -> Callable[[np.ndarray, np.ndarray], tuple[float, float]]:
+    """A tiny CNN (two strided 3x3 convolutions, global average pool, dense) trained with optax's
+    Adam, jitted, on JAX's default (CPU) device. Inputs are NHWC batches, flattened."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    h, w = TRAIN_HW
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(SEED), 3)
+    params = {"c1": jax.random.normal(k1, (3, 3, 3, 16)) * (2 / 27) ** 0.5,
+              "c2": jax.random.normal(k2, (3, 3, 16, 32)) * (2 / 144) ** 0.5,
+              "w": jax.random.normal(k3, (32, n_out)) * 0.1, "b": jnp.zeros(n_out)}
+    opt = optax.adam(3e-3)
+    state = {"params": params, "opt": opt.init(params)}
+    dims = ("NHWC", "HWIO", "NHWC")
+
+    def loss_fn(p: Any, x: Any, y: Any) -> tuple[Any, Any]:
+        x = x.reshape(-1, h, w, 3)
+        x = jax.nn.relu(jax.lax.conv_general_dilated(x, p["c1"], (2, 2), "SAME",
+                                                     dimension_numbers=dims))
+        x = jax.nn.relu(jax.lax.conv_general_dilated(x, p["c2"], (2, 2), "SAME",
+                                                     dimension_numbers=dims))
+        logits = x.mean(axis=(1, 2)) @ p["w"] + p["b"]
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+        return loss, (logits.argmax(axis=1) == y).mean()
+
+    @jax.jit
+    def update(p: Any, o: Any, x: Any, y: Any) -> tuple[Any, Any, Any, Any]:
+        (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, x, y)
+        updates, o = opt.update(grads, o)
+        return optax.apply_updates(p, updates), o, loss, acc
+
+    def step(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+        p, o, loss, acc = update(state["params"], state["opt"], jnp.asarray(x), jnp.asarray(y))
+        state["params"], state["opt"] = p, o
+        return float(loss), float(acc)
+
+    return step
+
+
+def step_train(demo: Demo) -> None:
+    """Trains a tiny model for a few steps on decoded, augmented batches from the photo store.
+
+    ``headrace.image`` decodes and augments in its worker threads under the in-flight byte cap;
+    one line every few steps shows loss, throughput and memory; the stats timeline is recorded
+    for the plot step.
+    """
+    import headrace
+    from headrace._timeline import Recorder
+
+    steps = int(os.environ.get("HEADRACE_DEMO_STEPS", "100"))
+    try:
+        trainer, backend = _jax_trainer, "JAX + optax (CPU)"
+        import jax  # noqa: F401
+        import optax  # noqa: F401
+    except ImportError:
+        trainer, backend = _numpy_trainer, "NumPy (install headrace[demo] for JAX)"
+    h, w = TRAIN_HW
+    train = trainer(h * w * 3, len(SHAPES))
+    loader = headrace.image(demo.results["photo_store"], batch=32, shuffle=True, seed=SEED,
+                            epochs=None, resize=(40, 40), crop=TRAIN_HW, flip_p=0.5,
+                            mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), layout="NHWC",
+                            inflight=16 << 20)
+    demo.say("train", f"{backend}: {steps} steps, batch 32, {h}x{w} random crops + flips, "
+                      "in-flight cap 16 MiB")
+    t0 = time.perf_counter()
+    last_t, last_n, n = t0, 0, 0
+    with loader:
+        for k, (images, labels) in enumerate(loader, start=1):
+            loss, acc = train(images.reshape(len(images), -1), labels)
+            n += len(labels)
+            if k == 1:  # the timeline starts after the first step: JAX compiles it
+                rec = Recorder(period_s=0.05, capacity=512)
+                rec.record(loader.stats())
+            rec.maybe_record(loader.stats)
+            if k % 10 == 0 or k == steps:
+                s = loader.stats()
+                now = time.perf_counter()
+                demo.say("train", f"step {k:3d}  loss {loss:.3f}  acc {acc:.2f}  "
+                                  f"{(n - last_n) / (now - last_t):7,.0f} img/s  "
+                                  f"rss {s['counted_rss_bytes'] / 2**20:5.0f} MiB  "
+                                  f"in flight {s['inflight_bytes'] / 2**20:4.1f}/"
+                                  f"{s['max_inflight_bytes'] / 2**20:.0f} MiB  "
+                                  f"queue {s['queue_depth']}")
+                last_t, last_n = now, n
+            if k >= steps:
+                break
+        demo.results["timeline"] = rec.export(loader.stats(), kind="ImageLoader")
+    took = time.perf_counter() - t0
+    demo.say("train", f"{steps} steps, {n} images in {took:.1f} s ({n / took:,.0f} img/s, "
+                      "compile included)")
+
+
+def step_plot(demo: Demo) -> None:
+    """Writes the timeline (JSON) and its plot, and says where the time went."""
+    import json
+
+    from headrace._timeline import summarize
+
+    timeline = demo.results["timeline"]
+    saved = demo.root / "timeline.json"
+    saved.write_text(json.dumps(timeline))
+    summary = summarize(timeline)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        demo.say("plot", f"{summary['verdict']}; timeline saved to {saved} (install "
+                         "headrace[plot] to draw it)")
+        return
+    import headrace
+
+    out = headrace.plot(timeline, demo.root / "timeline.png",
+                        title="headrace demo: training on synthetic photos")
+    demo.say("plot", f"{summary['verdict']} (workers busy "
+                     f"{summary['worker_busy_fraction']:.0%} of {summary['threads']} threads)")
+    demo.say("plot", f"timeline plot written to {out} (data: {saved})")
+
+
 STEPS: list[Step] = [
     Step("data", step_data),
     Step("pack", step_pack),
     Step("read", step_read),
     Step("check", step_check),
     Step("memory", step_memory),
+    Step("photos", step_photos),
+    Step("pack-photos", step_pack_photos),
+    Step("train", step_train),
+    Step("plot", step_plot),
 ]
 
 
