@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import threading
-import warnings
 
 import numpy as np
 import pytest
@@ -179,28 +180,41 @@ def test_print_stats_is_one_line(capsys):
     assert err.count("\n") == 1 and err.startswith("[headrace] batches=1 samples=8 ")
 
 
-def test_forked_child_gets_a_clear_error_instead_of_a_hang():
-    import multiprocessing as mp
+_FORK_SCRIPT = """
+import multiprocessing as mp, warnings
+import numpy as np
+import headrace
 
-    ld = headrace.Loader(COLS, batch=8, epochs=None, threads=1)
-    next(ld)
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    p = ctx.Process(target=_child_next, args=(ld, q))
-    with warnings.catch_warnings():  # Python >= 3.12 warns about fork with threads running
-        warnings.simplefilter("ignore", DeprecationWarning)
-        p.start()
-    p.join(30)
-    assert q.get(timeout=5).startswith("LoaderError: this loader was created in another process")
-    ld.close()
-
-
-def _child_next(ld, q):
+def child(ld, q):
     try:
         next(ld)
         q.put("no error")
     except Exception as e:
         q.put(f"{type(e).__name__}: {e}")
+
+if __name__ == "__main__":
+    ld = headrace.Loader({"x": np.arange(64)}, batch=8, epochs=None, threads=1)
+    next(ld)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(ld, q))
+    with warnings.catch_warnings():  # Python >= 3.12 warns about fork with threads running
+        warnings.simplefilter("ignore", DeprecationWarning)
+        p.start()
+    p.join(30)
+    print(q.get(timeout=5))
+    ld.close()
+"""
+
+
+def test_forked_child_gets_a_clear_error_instead_of_a_hang(tmp_path):
+    # A fresh interpreter: forking the pytest process itself trips other libraries' at-fork
+    # hooks (JAX warns when it has been imported by an earlier test).
+    script = tmp_path / "fork_child.py"
+    script.write_text(_FORK_SCRIPT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.strip().startswith("LoaderError: this loader was created in another process")
 
 
 def test_summary_of_a_foreign_stats_dict():
