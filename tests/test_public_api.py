@@ -7,7 +7,7 @@ import headrace
 
 EXPECTED = sorted([
     "CheckpointError", "ConfigError", "CorruptionError", "DecodeError", "FormatVersionError",
-    "HeadraceError", "LinkError", "LoaderError", "NotAStoreError", "RecordIndexError",
+    "HeadraceError", "LinkError", "LoaderError", "NotAStoreError", "PackWorkerError", "RecordIndexError",
     "RecordTooLargeError", "RemoteError", "SchemaError", "StoreError", "StoreExistsError",
     "StoreFullError", "WriterBusyError", "WriterClosedError", "__version__",
     "FieldSpec", "Ragged", "Store", "Writer", "create", "open", "verify",

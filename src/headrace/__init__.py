@@ -33,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     "MemoryCapError": "_errors",
     "MixedLoader": "_mix",
     "NotAStoreError": "_errors",
+    "PackWorkerError": "_errors",
     "Ragged": "_store",
     "RecordIndexError": "_errors",
     "RecordTooLargeError": "_errors",

@@ -25,6 +25,7 @@ NumPy-style or mx8/loaderx-style errors keeps working.
     ├── MemoryCapError (MemoryError)        the process stays over its RSS cap with nothing in flight
     ├── DecodeError (ValueError)            an image/audio/video payload could not be decoded
     ├── LinkError (ValueError)              a dataset link or manifest snapshot problem
+    ├── PackWorkerError (RuntimeError)      a parallel pack task raised or its worker died
     └── RemoteError (OSError)               an object-store request failed after all retries
 """
 
@@ -135,3 +136,27 @@ class RemoteError(HeadraceError, OSError):
     def __init__(self, message: str, *, key: str | None = None) -> None:
         super().__init__(message)
         self.key = key
+
+
+class PackWorkerError(HeadraceError, RuntimeError):
+    """A task of a parallel pack raised, or its worker process died; nothing was committed.
+
+    Attributes:
+        task: the failed task's number (``None`` when unknown).
+        start, stop: its record range ``[start, stop)`` (``None`` when unknown).
+    """
+
+    def __init__(self, message: str, *, task: int | None = None, start: int | None = None,
+                 stop: int | None = None) -> None:
+        super().__init__(message)
+        self.task = task
+        self.start = start
+        self.stop = stop
+
+    def __reduce__(self) -> tuple[object, ...]:  # keeps the attributes across processes
+        return (_pack_worker_error, (str(self), self.task, self.start, self.stop))
+
+
+def _pack_worker_error(message: str, task: int | None, start: int | None,
+                       stop: int | None) -> PackWorkerError:
+    return PackWorkerError(message, task=task, start=start, stop=stop)

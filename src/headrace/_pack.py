@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _parallel_pack
 from ._errors import ConfigError, StoreExistsError
 from ._links import parse_link
 from ._objstore import ObjectStore, S3Options
@@ -95,7 +96,8 @@ def pack(src: str | os.PathLike[str], *, out: str | os.PathLike[str], progress: 
          chunk_mb: float = 256, codec: str = "raw", store: str | os.PathLike[str] | None = None,
          max_inflight: int = 32, batch_mb: float = 64, tmp_dir: str | None = None,
          require_labels: bool = False, shard_mb: float | None = None,
-         parallel_fetches: int | None = None, **options: Any) -> dict[str, Any]:
+         parallel_fetches: int | None = None, workers: int | None = None,
+         executor: cf.Executor | None = None, **options: Any) -> dict[str, Any]:
     """Packs every file under ``src`` (local folder or ``s3://`` prefix) into a store at ``out``.
 
     Args:
@@ -112,6 +114,13 @@ def pack(src: str | os.PathLike[str], *, out: str | os.PathLike[str], progress: 
         tmp_dir: scratch folder for an ``s3://`` ``out`` (default: the system temp dir).
         require_labels: fail unless the records get labels (mx8's flag).
         shard_mb, parallel_fetches: mx8's names for ``chunk_mb`` and ``max_inflight``.
+        workers: local processes packing contiguous ranges of a local folder in parallel
+            (``None``: all cores, but inputs under 64 MiB per process stay in this one; ``1``: this
+            process). With ``executor``: the number of tasks. An ``s3://`` source or ``out``
+            packs in this process (its reads are already concurrent).
+        executor: a ``concurrent.futures.Executor`` to run the tasks on (e.g. a Dask
+            ``client.get_executor()``); ``out`` must be on storage its workers share. Same records
+            in the same order as one process; chunk boundaries differ.
         **options: S3 settings (``endpoint``, ``region``, ``profile``, ...).
 
     Returns:
@@ -120,6 +129,7 @@ def pack(src: str | os.PathLike[str], *, out: str | os.PathLike[str], progress: 
     Raises:
         StoreExistsError: ``out`` already holds something.
         LinkError: the source is missing, empty, or changed while being packed.
+        PackWorkerError: a parallel task raised or its worker died (nothing is left at ``out``).
     """
     s3 = S3Options.from_kwargs(options)
     if options:
@@ -128,6 +138,7 @@ def pack(src: str | os.PathLike[str], *, out: str | os.PathLike[str], progress: 
         chunk_mb = shard_mb
     if parallel_fetches is not None:
         max_inflight = parallel_fetches
+    _parallel_pack.check_workers(workers, executor)
     if not chunk_mb > 0 or max_inflight < 1:
         raise ConfigError(f"chunk_mb must be > 0 and max_inflight >= 1, got {chunk_mb}, "
                           f"{max_inflight}")
@@ -153,18 +164,30 @@ def pack(src: str | os.PathLike[str], *, out: str | os.PathLike[str], progress: 
                 _pack_s3(source, out_text, s3=s3, tmp_dir=tmp_dir, max_inflight=max_inflight,
                          bar=bar, **kw)
             else:
-                _pack_local(source, out_text, bar=bar, **kw)
+                _pack_local(source, out_text, bar=bar, workers=workers, executor=executor, **kw)
     finally:
         source.close()
     return {"samples": len(source), "bytes": total, "out": out_text,
             "manifest_hash": snap.hash, "classes": source.classes}
 
 
-def _pack_local(source: RawSource, out: str, *, bar: Any, **kw: Any) -> None:
+def _pack_local(source: RawSource, out: str, *, bar: Any, workers: int | None = None,
+                executor: cf.Executor | None = None, **kw: Any) -> None:
     out = os.path.abspath(out)
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise StoreExistsError(f"pack output {out} already exists and is not empty; "
                                "choose a new path or remove it")
+    tasks = _parallel_pack.plan_tasks(len(source), int(source.manifest.sizes.sum()),
+                                      workers=workers, executor=executor)
+    if source.snapshot.link.is_s3 is False and _parallel_pack.use_parallel(tasks, executor):
+        fields: dict[str, Any] = {"bytes": {"dtype": "bytes", "shape": None,
+                                            "codec": kw["codec"]}, "key": "bytes"}
+        if source.classes is not None:
+            fields["label"] = "int64"
+        _parallel_pack.pack_raw(source, out, fields=fields, attrs=kw["attrs"],
+                                chunk_mb=kw["chunk_mb"], batch_bytes=kw["batch_bytes"],
+                                tasks=tasks, workers=workers, executor=executor, bar=bar)
+        return
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.partial-")

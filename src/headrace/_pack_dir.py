@@ -12,11 +12,12 @@ import os
 import shutil
 import struct
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from . import _parallel_pack
 from ._errors import ConfigError, StoreExistsError
 from ._image_sources import scan_tree, write_labels_tsv
 from ._progress import progress as progress_bar
@@ -49,7 +50,8 @@ def _batches(sizes: np.ndarray) -> list[tuple[int, int]]:
 
 def pack_dir(in_dir: str | os.PathLike[str], *, out: str | os.PathLike[str],
              shard_mb: float = 512, label_mode: str | None = None, require_labels: bool = False,
-             progress: bool | None = None, overwrite: bool = False) -> dict[str, Any]:
+             progress: bool | None = None, overwrite: bool = False, workers: int | None = None,
+             executor: Executor | None = None) -> dict[str, Any]:
     """Packs the images under ``in_dir`` into a new headrace store at ``out``.
 
     Every image file (by extension: jpg/jpeg/png/webp/gif/bmp/tif/tiff/pnm...) becomes one record,
@@ -71,6 +73,12 @@ def pack_dir(in_dir: str | os.PathLike[str], *, out: str | os.PathLike[str],
         require_labels: fail, listing the offending files, unless every file gets a label.
         progress: a progress bar on stderr (``None``: only on a terminal).
         overwrite: replace an existing headrace store at ``out`` (never any other directory).
+        workers: local processes packing contiguous ranges of files in parallel (``None``: all
+            cores, but inputs under 64 MiB per process stay in this one; ``1``: this process).
+            With ``executor``: the number of tasks. ``docs/packing.md`` has the details.
+        executor: a ``concurrent.futures.Executor`` to run the tasks on (a ``ProcessPoolExecutor``,
+            a Dask ``client.get_executor()``, a Ray pool); ``out`` must be on storage its workers
+            share. Same records, order and ``dataset_hash`` as one process; chunk boundaries differ.
 
     Returns:
         ``{"samples", "chunks", "shards" (= chunks), "labels_path" (or None), "classes",
@@ -79,15 +87,17 @@ def pack_dir(in_dir: str | os.PathLike[str], *, out: str | os.PathLike[str],
         bytes) in order: the same on every machine for the same files and labels.
 
     Raises:
-        ConfigError: bad ``label_mode``/``shard_mb``, no image files, or missing labels with
-            ``require_labels``/``imagefolder``.
+        ConfigError: bad ``label_mode``/``shard_mb``/``workers``, no image files, or missing labels
+            with ``require_labels``/``imagefolder``.
         StoreExistsError: ``out`` exists and ``overwrite`` is false (or it is not a store).
+        PackWorkerError: a parallel task raised or its worker died (nothing is left at ``out``).
     """
     from ._store import open as open_store
     from ._writer import create
 
     if not isinstance(shard_mb, int | float) or not shard_mb > 0:
         raise ConfigError(f"shard_mb={shard_mb!r} must be > 0 (MiB per chunk file, e.g. 512)")
+    _parallel_pack.check_workers(workers, executor)
     out = os.path.abspath(os.fspath(out))
     scan = scan_tree(os.fspath(in_dir), label_mode=label_mode, require_labels=require_labels,
                      exclude=out)
@@ -109,6 +119,17 @@ def pack_dir(in_dir: str | os.PathLike[str], *, out: str | os.PathLike[str],
         attrs["labels"] = LABELS_FILE
     digest = hashlib.sha256()
     fields = {"image": "bytes", "label": "int64", "path": "bytes"}
+    tasks = _parallel_pack.plan_tasks(len(scan.paths), int(scan.sizes.sum()), workers=workers,
+                                      executor=executor)
+    if _parallel_pack.use_parallel(tasks, executor):
+        chunks = _parallel_pack.pack_scan(scan, out, tasks=tasks, fields=fields, attrs=attrs,
+                                          shard_mb=shard_mb, digest=digest, workers=workers,
+                                          executor=executor, progress=progress)
+        return {"samples": len(scan.paths), "chunks": chunks, "shards": chunks,
+                "labels_path": (os.path.join(out, LABELS_FILE) if scan.classes is not None
+                                else None),
+                "classes": scan.classes, "dataset_hash": digest.hexdigest(),
+                "skipped": dict(scan.skipped), "labels_note": scan.note, "path": out}
     with create(out, fields=fields, chunk_mb=shard_mb, attrs=attrs) as w, \
             ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="headrace-pack") as pool, \
             progress_bar(int(scan.sizes.sum()), desc="pack_dir", enabled=progress) as bar:
