@@ -5,13 +5,16 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import tempfile
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import headrace
 from _loader_util import run_checkpoint_roundtrip
-from headrace._text_loader import window_counts
+from headrace._text_loader import WindowSource, window_counts
 
 BOS, EOS = 2, 1
 DOCS = [[10, 11, 12], [20, 21], [], [30, 31, 32, 33, 34]]
@@ -408,3 +411,32 @@ def test_compressed_token_store_gives_the_same_windows(tmp_path, store):
             assert rows(a) == rows(b)
     with headrace.text(out, seq_len=4) as ld, pytest.raises(headrace.RecordIndexError):
         ld.source.gather(np.array([ld.windows]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(docs=st.lists(st.lists(st.integers(3, 99), max_size=12), max_size=12),
+       seq_len=st.integers(1, 10), stride=st.integers(1, 12), bos=st.booleans(),
+       eos=st.booleans(), packing=st.sampled_from(["concat", "pad"]), drop=st.booleans())
+def test_window_source_matches_reference_property(docs, seq_len, stride, bos, eos, packing,
+                                                   drop):
+    drop = drop and packing == "concat"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "p.hr")
+        with headrace.create(path, fields={"tokens": {"dtype": "int32", "shape": None}}) as w:
+            if docs:
+                w.append({"tokens": [np.asarray(d, np.int32) for d in docs]})
+            w.commit()
+        with headrace.open(path) as store:
+            src = WindowSource(store, field="tokens", packing=packing, seq_len=seq_len,
+                               stride=stride, add_bos=bos, add_eos=eos, bos_id=BOS,
+                               eos_id=EOS, pad_id=0, drop_last=drop, return_mask=True,
+                               truncate="right")
+            want = reference(docs, seq_len=seq_len, stride=stride, bos=bos, eos=eos,
+                             packing=packing, pad=0, drop_last=drop)
+            assert len(src) == len(want)
+            if want:
+                ids = np.random.default_rng(0).permutation(len(want))
+                got = src.gather(ids)
+                assert got["tokens"].tolist() == [want[i][0] for i in ids]
+                assert got["mask"].astype(int).tolist() == [want[i][1] for i in ids]
+                assert got["doc_ids"].tolist() == [want[i][2] for i in ids]
