@@ -117,6 +117,7 @@ class Scan:
     classes: list[str] | None
     skipped: dict[str, int] = field(default_factory=dict)
     note: str | None = None  # why records are unlabeled, when label_mode="auto" gave up
+    mtimes: np.ndarray | None = None  # int64 st_mtime_ns
 
 
 def _check_label_mode(label_mode: str | None, require_labels: bool) -> str:
@@ -143,7 +144,7 @@ def scan_tree(root: str, *, label_mode: str | None = "auto", require_labels: boo
     if not os.path.isdir(root):
         raise FileNotFoundError(f"in_dir must be a directory: {root!r} is not one")
     excl = os.path.abspath(exclude) if exclude is not None else None
-    found: list[tuple[bytes, str, int]] = []
+    found: list[tuple[bytes, str, int, int]] = []
     hidden = non_image = 0
     for dirpath, dirnames, filenames in os.walk(root):
         if excl is not None:
@@ -166,10 +167,11 @@ def scan_tree(root: str, *, label_mode: str | None = "auto", require_labels: boo
             if not os.path.isfile(full):
                 continue
             rel = "/".join([*parts, name])
-            found.append((os.fsencode(rel), rel, st.st_size))
+            found.append((os.fsencode(rel), rel, st.st_size, st.st_mtime_ns))
     found.sort(key=lambda t: t[0])
     paths = [t[1] for t in found]
     sizes = np.fromiter((t[2] for t in found), np.int64, len(found))
+    mtimes = np.fromiter((t[3] for t in found), np.int64, len(found))
     labels = np.full(len(paths), -1, np.int64)
     classes: list[str] | None = None
     note = None
@@ -192,7 +194,7 @@ def scan_tree(root: str, *, label_mode: str | None = "auto", require_labels: boo
             cid = {c: i for i, c in enumerate(classes)}
             labels = np.fromiter((cid[c] for c in first), np.int64, len(first))
     return Scan(root, paths, sizes, labels, classes,
-                {"hidden": hidden, "non_image": non_image}, note)
+                {"hidden": hidden, "non_image": non_image}, note, mtimes)
 
 
 # -- what the image loader reads ---------------------------------------------------------------------
@@ -283,8 +285,9 @@ class FolderImages(ImageRecords):
         self.root = self.scan.root
         self.classes = self.scan.classes
         h = hashlib.sha256()
-        for p, s in zip(self.scan.paths, self.scan.sizes.tolist(), strict=True):
-            mt = os.stat(os.path.join(self.root, p)).st_mtime_ns
+        assert self.scan.mtimes is not None
+        for p, s, mt in zip(self.scan.paths, self.scan.sizes.tolist(),
+                            self.scan.mtimes.tolist(), strict=True):
             h.update(f"{p}\0{s}\0{mt}\n".encode("utf-8", "surrogateescape"))
         self._fingerprint = f"folder:{len(self.scan.paths)}:{h.hexdigest()[:16]}"
 
