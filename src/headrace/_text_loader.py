@@ -213,9 +213,10 @@ class WindowSource:
         cid, off, _ln, _nb, _crc = fetch(self._snap.fields[self.field], doc)
         isz = self.dtype.itemsize
         chunks = self._chunks
+        cid[self.ntokens[doc] == 0] = -1  # an empty (absent) record has no chunk
         for c in np.unique(cid).tolist():
             if c not in chunks:
-                raw = self._snap.chunks[c]
+                raw = self._snap.chunks[c] if c >= 0 else np.empty(0, np.uint8)
                 chunks[c] = raw[:len(raw) // isz * isz].view(self.dtype)
         out = [chunks[c] for c in cid.tolist()]
         return out, off // isz
