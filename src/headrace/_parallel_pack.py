@@ -116,9 +116,11 @@ def split_ranges(sizes: np.ndarray, tasks: int) -> list[tuple[int, int]]:
     cum = np.cumsum(np.maximum(np.asarray(sizes, np.int64), 1))  # empty records still weigh
     targets = cum[-1] * np.arange(1, tasks) / tasks
     edges = np.searchsorted(cum, targets, side="left") + 1
-    cuts = sorted({int(min(max(e, 1), n - 1)) for e in edges.tolist()})
-    bounds = [0, *cuts, n]
-    return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
+    bounds = [0]
+    for k, e in enumerate(edges.tolist(), 1):  # strictly increasing, room left for the rest
+        bounds.append(min(max(int(e), bounds[-1] + 1), n - (tasks - k)))
+    bounds.append(n)
+    return list(itertools.pairwise(bounds))
 
 
 # -- tasks (run in workers: module-level, picklable) -----------------------------------------------
