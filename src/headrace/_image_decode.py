@@ -10,6 +10,7 @@ output needs:
 * Crop before decode: the caller picks the crop box in *source* coordinates first (see
   ``_image_augment``), and the DCT scale is chosen so that the box, not the whole image, still covers
   the output resolution. A random-resized crop of 30 % of an image therefore decodes at 1/2 or 1/4.
+  A box that falls between the pixels of the scaled decode is resampled exactly (affine warp).
 * Resize is OpenCV (``cv2.resize``: SIMD, releases the GIL). ``interpolation="auto"`` uses
   ``INTER_AREA`` (exact area averaging, the antialiased reference) when the remaining factor is >= 2
   and ``INTER_LINEAR`` when it is below 2, which DCT scaling makes the common case: below 2x,
@@ -118,7 +119,7 @@ def _to_rgb_array(im: Image.Image) -> np.ndarray:
 
 
 def _decode_pil(mv: memoryview, box: Box | None, out_hw: tuple[int, int] | None
-                ) -> tuple[np.ndarray, Box | None]:
+                ) -> tuple[np.ndarray, Box | None, tuple[int, int]]:
     """Pillow path; returns the decoded array and the box rescaled into its coordinates."""
     with warnings.catch_warnings():
         # A malformed EXIF/metadata block is a warning in Pillow; the pixels are still fine.
@@ -140,7 +141,7 @@ def _decode_pil(mv: memoryview, box: Box | None, out_hw: tuple[int, int] | None
             raise
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
             raise DecodeError(f"image decode failed: {exc}") from exc
-    return arr, _scale_box(box, (h, w), arr.shape[:2])
+    return arr, _scale_box(box, (h, w), arr.shape[:2]), (h, w)
 
 
 def _scale_box(box: Box | None, src_hw: tuple[int, int], got_hw: tuple[int, ...]) -> Box | None:
@@ -154,7 +155,7 @@ def _scale_box(box: Box | None, src_hw: tuple[int, int], got_hw: tuple[int, ...]
 
 
 def _decode_full(mv: memoryview, box: Box | None, out_hw: tuple[int, int] | None,
-                 fast: bool) -> tuple[np.ndarray, Box | None]:
+                 fast: bool) -> tuple[np.ndarray, Box | None, tuple[int, int]]:
     if sniff(mv) != "jpeg":
         return _decode_pil(mv, box, out_hw)
     h, w, colorspace = _jpeg_header(mv)
@@ -171,7 +172,7 @@ def _decode_full(mv: memoryview, box: Box | None, out_hw: tuple[int, int] | None
             min_height=math.ceil(h / k), min_width=math.ceil(w / k), min_factor=k)
     except ValueError as exc:
         raise DecodeError(f"JPEG decode failed: {exc}") from exc
-    return arr, _scale_box(box, (h, w), arr.shape[:2])
+    return arr, _scale_box(box, (h, w), arr.shape[:2]), (h, w)
 
 
 def _check_box(box: Box, hw: tuple[int, int]) -> None:
@@ -210,6 +211,35 @@ def resize_into(src: np.ndarray, out_hw: tuple[int, int], *, out: np.ndarray | N
     return out
 
 
+def _warp_fractional(arr: np.ndarray, box: Box, src_hw: tuple[int, int],
+                     size: tuple[int, int], out: np.ndarray | None,
+                     interpolation: Interpolation) -> np.ndarray | None:
+    """Bilinear resample of a box that falls between the pixels of a DCT-scaled decode.
+
+    Snapping such a box to the decoded grid would shift the crop by up to half a decoded pixel
+    (``k/2`` source pixels at scale 1/k); an affine warp samples the exact box instead, with
+    ``cv2.resize``'s half-pixel-centre convention. Returns ``None`` when the box is on the grid or
+    the filter policy wants area averaging (then the snapped box is resized).
+    """
+    fy, fx = arr.shape[0] / src_hw[0], arr.shape[1] / src_hw[1]
+    top, left, bh, bw = box[0] * fy, box[1] * fx, box[2] * fy, box[3] * fx
+    if all(abs(v - round(v)) < 1e-6 for v in (top, left, bh, bw)):
+        return None
+    oh, ow = size
+    shrink = max(bh / oh, bw / ow)
+    if (interpolation == "area" and shrink > 1) or (interpolation == "auto" and shrink >= 2):
+        return None
+    sy, sx = bh / oh, bw / ow
+    m = np.array([[sx, 0.0, left + 0.5 * sx - 0.5], [0.0, sy, top + 0.5 * sy - 0.5]])
+    dst = out if out is not None else np.empty((oh, ow, 3), np.uint8)
+    res = cv2.warpAffine(arr, m, (ow, oh), dst=dst,
+                         flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+                         borderMode=cv2.BORDER_REPLICATE)
+    if res is not dst and not np.shares_memory(res, dst):
+        dst[...] = res
+    return dst
+
+
 def decode(buf: Buffer, *, box: Box | None = None,
            size: tuple[int, int] | None = None, out: np.ndarray | None = None,
            interpolation: Interpolation = "auto", dct_scale: bool = True,
@@ -235,9 +265,13 @@ def decode(buf: Buffer, *, box: Box | None = None,
         else buf
     if len(mv) == 0:
         raise DecodeError("empty image payload (0 bytes)")
-    arr, dbox = _decode_full(mv, box, size if dct_scale else None, fast)
+    arr, dbox, src_hw = _decode_full(mv, box, size if dct_scale else None, fast)
     if arr.ndim == 2:
         arr = np.repeat(arr[:, :, None], 3, axis=2)
+    if box is not None and size is not None and arr.shape[:2] != src_hw:
+        warped = _warp_fractional(arr, box, src_hw, size, out, interpolation)
+        if warped is not None:
+            return warped
     view = arr if dbox is None else arr[dbox[0]:dbox[0] + dbox[2], dbox[1]:dbox[1] + dbox[3]]
     if size is None:
         if out is not None:
