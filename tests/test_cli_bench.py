@@ -107,3 +107,18 @@ def test_parse_size(text, value):
 def test_parse_size_rejects(text):
     with pytest.raises(headrace.ConfigError, match="256MiB"):
         parse_size(text)
+
+
+def test_pack_dir_command_then_bench_the_store(photos, tmp_path, capsys):
+    out = tmp_path / "packed.hr"
+    assert main(["pack-dir", str(photos), str(out), "--progress"]) == 0
+    captured = capsys.readouterr()
+    assert "packed 24 images into" in captured.out and "4 classes" in captured.out
+    assert "dataset hash " in captured.out
+    assert "pack_dir" in captured.err  # the progress bar
+    assert main(["pack-dir", str(photos), str(out)]) == 2  # exists: refused, one line
+    assert "overwrite" in capsys.readouterr().err
+    assert main(["pack-dir", str(photos), str(out), "--overwrite", "--no-progress"]) == 0
+    assert main(["info", str(out)]) == 0
+    assert "records      24" in capsys.readouterr().out
+    assert main(["bench", str(out), "--seconds", "0.2", "--batch", "4"]) == 0

@@ -262,6 +262,8 @@ COMMANDS: list[Command] = [
             _compact_configure, _compact_run),
     Command("pack-arrays", "pack .npy files (one per field) into a new store",
             _pack_configure, _pack_run),
+    Command("pack-dir", "pack an image folder into a new store (labels from folders)",
+            "headrace._cli_pack_dir:cli_configure", "headrace._cli_pack_dir:cli_run"),
     Command("bench", "run a loader on a dataset for a few seconds; report what limits it",
             "headrace._cli_bench:cli_configure", "headrace._cli_bench:cli_run"),
 ]
