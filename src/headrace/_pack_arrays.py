@@ -261,7 +261,8 @@ def pack_arrays(out: str | os.PathLike[str], *, codec: str | Mapping[str, str] =
     was_empty = out_path.is_dir() and not any(out_path.iterdir())
     row_bytes = max(1, sum(s.row_bytes for s in sources))
     rows_per_step = max(1, slice_bytes // row_bytes)
-    tasks = _parallel_pack.plan_tasks(n, n * row_bytes, workers=workers, executor=executor)
+    tasks = _parallel_pack.plan_array_tasks(sources, n, row_bytes, workers=workers,
+                                            executor=executor)
     if _parallel_pack.use_parallel(tasks, executor):
         if out_path.exists() and not was_empty:
             raise StoreExistsError(f"cannot create a store at {out_path}: it exists and is not "

@@ -105,6 +105,20 @@ def plan_tasks(n_records: int, total_bytes: int, *, workers: int | None,
     return int(max(1, min(n_records, t)))
 
 
+def plan_array_tasks(sources: Sequence[Any], n: int, row_bytes: int, *, workers: int | None,
+                     executor: cf.Executor | None) -> int:
+    """``plan_tasks`` for ``pack_arrays``: in-memory arrays are copied to the workers, so they
+    go parallel only when asked (``workers``/``executor``), in tasks of at most 256 MiB."""
+    in_memory = any(s.npy_path is None for s in sources)
+    if in_memory and workers is None and executor is None:
+        check_workers(workers, executor)
+        return 1
+    t = plan_tasks(n, n * row_bytes, workers=workers, executor=executor)
+    if in_memory and t > 1:
+        t = min(n, max(t, -(-n * row_bytes // _EXECUTOR_TASK_BYTES)))
+    return t
+
+
 def use_parallel(tasks: int, executor: cf.Executor | None) -> bool:
     return tasks > 1 or executor is not None
 
