@@ -60,6 +60,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--no-dask", action="store_true")
+    p.add_argument("--verbose", action="store_true", help="print every timed run")
     a = p.parse_args()
 
     import headrace
@@ -106,6 +107,8 @@ def main() -> None:
                 res = fn(out)
                 dt = time.perf_counter() - t
                 best[name] = min(best.get(name, float("inf")), dt)
+                if a.verbose:
+                    print(f"round {r} {name}: {dt:.3f}s", file=sys.stderr)
                 if name.startswith("headrace"):
                     hashes[name] = res["dataset_hash"]
                 shutil.rmtree(out, ignore_errors=True)

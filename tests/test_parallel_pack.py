@@ -194,9 +194,11 @@ def test_a_killed_worker_commits_nothing_and_a_rerun_succeeds(tree, single, tmp_
 
 @pytest.fixture(scope="module")
 def dask_executor() -> Any:
+    import dask
     from distributed import Client, LocalCluster
 
-    with LocalCluster(processes=True, n_workers=2, threads_per_worker=1, host="127.0.0.1",
+    # A task whose worker dies fails at once (instead of after 3 retries on restarted workers).
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), LocalCluster(processes=True, n_workers=2, threads_per_worker=1, host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster) as client:
         yield client.get_executor()
 
@@ -224,3 +226,14 @@ def test_dask_task_that_raises_fails_the_pack_and_a_rerun_succeeds(
     _pack_arrays(out, arrays, executor=dask_executor, workers=3)
     _pack_arrays(tmp_path / "one", arrays, workers=1)
     _same_store(tmp_path / "one", out)
+
+
+def test_dask_worker_killed_mid_pack_commits_nothing_and_a_rerun_succeeds(
+        dask_executor, tree, single, tmp_path):
+    out = tmp_path / "store"
+    with pytest.raises(PackWorkerError, match=r"pack task 1 of 3 .*worker died \(KilledWorker"):
+        headrace.pack_dir(tree, out=out, executor=_FaultyExecutor(dask_executor, "kill", 1),
+                          workers=3, shard_mb=0.01)
+    _nothing_left(out)
+    headrace.pack_dir(tree, out=out, executor=dask_executor, workers=3, shard_mb=0.01)
+    _same_store(single[0], out)

@@ -232,8 +232,11 @@ def _own_pool(workers: int) -> cf.ProcessPoolExecutor:
         method = "fork" if _fork_safe() else "forkserver"
     else:
         method = "spawn"
-    return cf.ProcessPoolExecutor(max_workers=workers,
-                                  mp_context=multiprocessing.get_context(method))
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":  # the server imports these once; each worker forks from it
+        ctx.set_forkserver_preload(["numpy", "headrace._parallel_pack", "headrace._writer",
+                                    "headrace._store", "headrace._pack_dir"])
+    return cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
 
 
 def run_parts(out: str, *, ranges: Sequence[tuple[int, int]],
