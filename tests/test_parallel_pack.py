@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -237,3 +238,21 @@ def test_dask_worker_killed_mid_pack_commits_nothing_and_a_rerun_succeeds(
     _nothing_left(out)
     headrace.pack_dir(tree, out=out, executor=dask_executor, workers=3, shard_mb=0.01)
     _same_store(single[0], out)
+
+
+def test_a_task_that_raises_in_a_local_pool_names_its_range(tree, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(tree, src)
+    ms = tmp_path / "manifests"
+    headrace.resolve(src, store=ms)  # pins the listing; the pack below reads that snapshot
+    (src / "emu" / "7.jpg").write_bytes(b"changed after the snapshot")
+    out = tmp_path / "store"
+    with pytest.raises(PackWorkerError, match=r"pack task 1 of 2 \(records 13\.\.24: keys "
+                                              r"dog/4\.jpg \.\. emu/notes\.txt\).*LinkError"
+                                              r".*emu/7\.jpg changed") as ei:
+        headrace.pack(src, out=out, workers=2, store=ms)
+    assert isinstance(ei.value.__cause__, headrace.LinkError)
+    _nothing_left(out)
+    res = headrace.pack(f"{src}@refresh", out=out, workers=2, store=ms)
+    assert res["samples"] == 25  # every file (pack is not image-only), hidden ones skipped
+    headrace.verify(out)

@@ -524,22 +524,42 @@ class ArrayReader:
             yield batch
 
 
+def slice_raw_source(source: Any, start: int, stop: int) -> Any:
+    """A ``RawSource`` of records ``[start, stop)`` only (ids from 0), with the same labels.
+
+    A task then carries its own range of the manifest, not the whole (ImageNet: ~100 MB) of it.
+    """
+    import dataclasses
+
+    m = source.manifest
+    sub = dataclasses.replace(
+        m, keys=m.keys[start:stop], sizes=m.sizes[start:stop], etags=m.etags[start:stop],
+        mtimes_ns=m.mtimes_ns[start:stop], labels=m.labels[start:stop])
+    state = source.__getstate__()
+    state.update(manifest=sub, snapshot=dataclasses.replace(source.snapshot, manifest=sub),
+                 _keys=source._keys[start:stop],
+                 _labels=None if source._labels is None else source._labels[start:stop])
+    cls: Any = type(source)
+    part = cls.__new__(cls)
+    part.__setstate__(state)
+    return part
+
+
 @dataclass(frozen=True)
 class RawReader:
     """``pack``'s records of one range of a local ``objects`` snapshot."""
 
-    source: Any  # RawSource (picklable)
-    start: int
-    stop: int
+    source: Any  # a RawSource of this range only (slice_raw_source): record ids from 0
     batch_bytes: int
 
     def __call__(self) -> Iterator[Mapping[str, Any]]:
         sizes = self.source.manifest.sizes
-        a = self.start
-        while a < self.stop:
+        n = len(sizes)
+        a = 0
+        while a < n:
             b, acc = a, 0
-            while b < self.stop and (b == a or (acc + int(sizes[b]) <= self.batch_bytes
-                                                and b - a < 4096)):
+            while b < n and (b == a or (acc + int(sizes[b]) <= self.batch_bytes
+                                        and b - a < 4096)):
                 acc += int(sizes[b])
                 b += 1
             got = self.source.gather(np.arange(a, b))
@@ -618,7 +638,7 @@ def pack_raw(source: Any, out: str, *, fields: Mapping[str, Any], attrs: Mapping
 
     return run_parts(
         out, ranges=split_ranges(sizes, tasks),
-        make_reader=lambda a, b: RawReader(source, a, b, batch_bytes),
+        make_reader=lambda a, b: RawReader(slice_raw_source(source, a, b), batch_bytes),
         describe=lambda a, b: f"keys {source.key(a)} .. {source.key(b - 1)}",
         fields=[_format.parse_field_spec(k, v) for k, v in fields.items()], chunk_mb=chunk_mb,
         attrs=attrs, workers=workers, executor=executor,
