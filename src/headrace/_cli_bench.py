@@ -59,6 +59,8 @@ def _hw(text: str) -> tuple[int, int]:
 
 def _is_image_data(path: str) -> bool:
     """A store with a ragged ``image`` bytes field, an mx8 pack or a folder (not a store)."""
+    if "://" in path:  # a remote store or prefix: read records as they are
+        return False
     meta = os.path.join(path, "meta.json")
     if os.path.isfile(meta):
         with open(meta, encoding="utf-8") as f:
@@ -193,7 +195,7 @@ def cli_run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--seconds must be > 0, got {args.seconds}")
     if args.step_ms < 0:
         raise ConfigError(f"--step-ms must be >= 0, got {args.step_ms}")
-    if not os.path.exists(args.path):
+    if "://" not in args.path and not os.path.exists(args.path):  # s3://... is the loader's
         raise FileNotFoundError(f"no such dataset {args.path!r}: expected a store, an mx8 pack "
                                 "or an image folder")
     loader, what = open_loader(args.path, batch=args.batch, order=args.order, seed=args.seed,
