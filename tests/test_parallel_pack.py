@@ -158,6 +158,13 @@ def test_pack_arrays_with_workers_is_the_same_dataset(arrays, tmp_path):
         assert len({c.id for c in st.meta.chunks}) == len(st.meta.chunks)
 
 
+def test_any_executor_works_even_threads(arrays, tmp_path):
+    _pack_arrays(tmp_path / "one", arrays, workers=1)
+    with cf.ThreadPoolExecutor(3) as ex:
+        _pack_arrays(tmp_path / "threads", arrays, executor=ex, workers=6)
+    _same_store(tmp_path / "one", tmp_path / "threads")
+
+
 def test_pack_of_a_local_folder_with_workers_is_the_same_dataset(tree, tmp_path):
     ms = tmp_path / "manifests"
     a = headrace.pack(tree, out=tmp_path / "one", workers=1, store=ms, chunk_mb=0.01)
