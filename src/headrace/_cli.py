@@ -213,6 +213,8 @@ def _pack_configure(p: argparse.ArgumentParser) -> None:
                    help="raw (default), zstd, lz4 or deflate; for all fields, or one field "
                         "with NAME=CODEC (repeatable)")
     p.add_argument("--chunk-mb", type=int, default=256, help="chunk file size bound in MiB")
+    p.add_argument("--workers", type=int, default=None,
+                   help="parallel packing processes (default: all cores for large inputs)")
     _progress_flags(p)
 
 
@@ -245,7 +247,7 @@ def _pack_run(args: argparse.Namespace) -> int:
     if unknown:
         raise ConfigError(f"--codec names unknown fields {unknown}; the fields are {list(fields)}")
     info = pack_arrays(args.out, codec=codec, chunk_mb=args.chunk_mb, progress=args.progress,
-                       **fields)
+                       workers=args.workers, **fields)
     mb_s = info["bytes_written"] / max(info["seconds"], 1e-9) / 1e6
     print(f"packed {info['samples']} records, fields {', '.join(info['fields'])} into "
           f"{info['path']}: {format_bytes(info['bytes_written'])} in {info['seconds']:.1f} s "
