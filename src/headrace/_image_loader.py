@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import _checkpoint
-from ._errors import ConfigError, DecodeError, LinkError, LoaderError
+from ._errors import ConfigError, DecodeError, LoaderError
 from ._image_augment import ImageSpec, finish, plan_batch
 from ._image_decode import decode, image_size
 from ._image_sources import ImageRecords, open_image_records
@@ -32,7 +32,6 @@ from ._loader import BatchPlan, Loader
 __all__ = ["ImageLoader", "image"]
 
 _ERROR_POLICIES = ("error", "skip")
-_SUFFIXES = ("@refresh",)
 
 
 class _RecordsSource:
@@ -149,35 +148,113 @@ class ImageLoader:
     for unlabeled records). NumPy arrays, or torch tensors with ``to_torch=True``.
     """
 
-    def __init__(self, data: Any, *, spec: ImageSpec, batch: int, order: str, seed: int,
-                 epoch: int, epochs: int | None, drop_last: bool, on_decode_error: str,
-                 to_torch: bool, label_mode: str | None, loader_kw: dict[str, Any],
-                 resume: bytes | None) -> None:
-        if on_decode_error not in _ERROR_POLICIES:
-            raise ConfigError(f"on_decode_error={on_decode_error!r} must be 'error' or 'skip'")
-        pinned = None
-        if isinstance(data, str):
-            for suffix in _SUFFIXES:  # a local store is always read at its latest commit
-                if data.endswith(suffix):
-                    data = data[: -len(suffix)]
-            if "@sha256:" in data:
-                data, _, pinned = data.rpartition("@sha256:")
-        self.records = open_image_records(data, label_mode=label_mode)
-        if pinned is not None:
-            have = getattr(self.records, "manifest_hash", None)
-            if have != pinned:
-                self.records.close()
-                raise LinkError(
-                    f"{data}@sha256:{pinned}: " + (
-                        f"the mx8 manifest here hashes to {have}; the pack changed since the "
-                        "link was pinned" if have is not None else
-                        "only mx8 packs are pinned by manifest hash; pass the plain path"))
-        self._closed = False
+    def __init__(self, dataset_link: Any, *, manifest_store: str | None = None,
+                 manifest_path: str | None = None, recursive: bool = True,
+                 batch_size_samples: int = 32, max_inflight_bytes: int | None = None,
+                 max_queue_batches: int | None = None, prefetch_batches: int | None = None,
+                 target_batch_bytes: int | None = None, max_batch_bytes: int | None = None,
+                 max_ram_bytes: int | None = None, start_id: int | None = None,
+                 end_id: int | None = None, resume_from: bytes | None = None,
+                 node_id: str | None = None, profile: str | None = None,
+                 autotune: bool | None = None, resize_hw: tuple[int, int] | None = None,
+                 crop_hw: tuple[int, int] | None = None, horizontal_flip_p: float = 0.0,
+                 color_jitter_brightness: float = 0.0, color_jitter_contrast: float = 0.0,
+                 color_jitter_saturation: float = 0.0, color_jitter_hue: float = 0.0,
+                 normalize_mean: tuple[float, float, float] | None = None,
+                 normalize_std: tuple[float, float, float] | None = None, seed: int = 0,
+                 epoch: int = 0, to_float: bool = True, **kwargs: Any) -> None:
+        """mx8's long-name constructor (``mx8.ImageLoader``), mapped onto :func:`image`.
+
+        Every mx8 name maps to an :func:`image` keyword (``batch_size_samples`` -> ``batch``,
+        ``max_inflight_bytes`` -> ``inflight``, ``resize_hw`` -> ``resize``, ``start_id``/``end_id``
+        -> ``start``/``end``, ``resume_from`` -> ``resume``, ``manifest_store`` -> ``store``,
+        ``max_ram_bytes`` -> ``constraints.max_ram_bytes``, ...); any other :func:`image` keyword
+        (``shuffle``, ``layout``, ``to_torch``, ``on_decode_error``, ...) may be passed too.
+        ``node_id`` and ``autotune`` are accepted and ignored (no coordinator; the profile sizes
+        the threads). ``manifest_path`` (mx8's hand-written dev manifest) and the byte-aware
+        batch knobs ``target_batch_bytes``/``max_batch_bytes`` are refused: image batches hold a
+        fixed number of images of one shape, and the memory cap is ``max_inflight_bytes``.
+        """
+        if manifest_path is not None:
+            raise ConfigError("manifest_path= (an mx8 dev manifest) is not supported; point "
+                              "ImageLoader at the data (a store, folder, mx8 pack or s3:// link)")
+        if target_batch_bytes is not None or max_batch_bytes is not None:
+            raise ConfigError("target_batch_bytes/max_batch_bytes do not apply to images: a batch "
+                              "holds batch_size_samples images of one output shape; cap memory "
+                              "with max_inflight_bytes")
+        del node_id, autotune  # no coordinator; threads come from the profile
+        constraints = kwargs.pop("constraints", None)
+        if max_ram_bytes is not None:
+            from ._config import Constraints
+
+            if constraints is not None:
+                raise ConfigError("pass max_ram_bytes= or constraints=, not both")
+            constraints = Constraints(max_ram_bytes=max_ram_bytes)
+        mapped = {
+            "store": manifest_store, "recursive": recursive, "batch": batch_size_samples,
+            "inflight": max_inflight_bytes, "queue": max_queue_batches,
+            "prefetch": prefetch_batches, "start": start_id, "end": end_id,
+            "resume": resume_from, "profile": profile, "resize": resize_hw, "crop": crop_hw,
+            "flip_p": horizontal_flip_p, "jitter_brightness": color_jitter_brightness,
+            "jitter_contrast": color_jitter_contrast,
+            "jitter_saturation": color_jitter_saturation, "jitter_hue": color_jitter_hue,
+            "mean": normalize_mean, "std": normalize_std, "seed": seed, "epoch": epoch,
+            "float_out": to_float, "constraints": constraints,
+        }
+        both = sorted(set(kwargs) & set(mapped))
+        if both:
+            raise ConfigError(f"{both} are image() names of ImageLoader arguments already given "
+                              "by their mx8 names; pass each setting once")
+        self._construct(dataset_link, _image_options({**mapped, **kwargs}))
+
+    @classmethod
+    def _create(cls, data: Any, opts: dict[str, Any]) -> ImageLoader:
+        self = cls.__new__(cls)
+        self._construct(data, opts)
+        return self
+
+    def _construct(self, data: Any, opts: dict[str, Any],
+                   records: ImageRecords | None = None) -> None:
+        """Builds the loader from :func:`image`'s options (``records``: reuse already open ones)."""
+        self._closed = True  # until the records are open: close()/__del__ have nothing to do
         self._inner: Loader | None = None
+        o = dict(opts)
+        if o["on_decode_error"] not in _ERROR_POLICIES:
+            raise ConfigError(f"on_decode_error={o['on_decode_error']!r} must be 'error' or "
+                              "'skip'")
+        start, end = _check_range(o["start"], o["end"])
+        spec = ImageSpec.from_kwargs(
+            augment=o["augment"], resize=o["resize"], crop=o["crop"],
+            center_crop=o["center_crop"], random_resized_crop=o["random_resized_crop"],
+            scale=o["scale"], ratio=o["ratio"], flip_p=o["flip_p"],
+            jitter_brightness=o["jitter_brightness"], jitter_contrast=o["jitter_contrast"],
+            jitter_saturation=o["jitter_saturation"], jitter_hue=o["jitter_hue"],
+            mean=o["mean"], std=o["std"], float_out=o["float_out"], layout=o["layout"],
+            interpolation=o["interpolation"], dct_scale=o["dct_scale"], fast=o["fast_decode"])
+        order = o["order"] or ("shuffle" if o["shuffle"] else "sequential")
+        if o["shuffle"] and str(order).lower() != "shuffle":
+            raise ConfigError(f"shuffle=True conflicts with order={order!r}; pass only one")
+        loader_kw = {k: o[k] for k in ("threads", "inflight", "ram_gb", "queue", "prefetch",
+                                       "profile", "constraints", "runtime", "rank",
+                                       "world_size")}
+        budget = o.get("budget")
+        if budget is not None:  # a mix's share: outlives each epoch's Loader (see _EpochBudget)
+            loader_kw["budget"] = _EpochBudget(budget)
+        self._budget = budget
+        self._data = data
+        self._opts = {k: v for k, v in o.items() if k not in ("resume", "budget")}
+        if records is None:
+            records = open_image_records(data, label_mode=o["label_mode"], **o["link_options"])
+        self.records = records
+        self._closed = False
         try:
-            self._init(spec, batch, order, seed, epoch, epochs, drop_last, on_decode_error,
-                       to_torch, loader_kw, resume)
+            if end is not None and end > len(records):
+                raise ConfigError(f"end out of range: end={end} > N={len(records)}")
+            self._init(spec, o["batch"], order, o["seed"], o["epoch"], o["epochs"],
+                       o["drop_last"], o["on_decode_error"], o["to_torch"],
+                       dict(loader_kw, start=start, end=end), o["resume"])
         except BaseException:
+            self._closed = True
             self.records.close()
             raise
 
@@ -192,17 +269,19 @@ class ImageLoader:
         n = len(self.records)
         self.native_hw: tuple[int, int] | None = None
         hw = spec.out_hw
+        first = int(loader_kw.get("start") or 0)
         if hw is None:
-            if n == 0:
+            if first >= (n if loader_kw.get("end") is None else int(loader_kw["end"])):
                 hw = (1, 1)
             else:
-                hw = image_size(self.records.payloads(np.zeros(1, np.int64))[0])
+                hw = image_size(self.records.payloads(np.full(1, first, np.int64))[0])
                 self.native_hw = hw
         self.out_hw = hw
         self.dtype = np.dtype(np.float32 if spec.float_out else np.uint8)
         self.item_shape = (3, *hw) if spec.layout == "NCHW" else (*hw, 3)
         per_item = int(np.prod(self.item_shape)) * self.dtype.itemsize + 16
         self._transform_nbytes = lambda k: k * per_item
+        self._per_item = per_item
         self._source = _RecordsSource(self.records)
         self._kw = dict(loader_kw, batch=batch, order=order, seed=seed, drop_last=drop_last,
                         close_source=False, transform_nbytes=self._transform_nbytes)
@@ -217,8 +296,10 @@ class ImageLoader:
         if resume is not None:  # run the epoch the token is in, resumed at its position
             tok = _checkpoint.decode(resume)
             token = resume  # the epoch's loader validates data, seed, order and batch
-            if n and tok.length == n:
-                start_epoch = tok.position // n
+            lo, hi = loader_kw.get("start"), loader_kw.get("end")
+            span = n if lo is None or hi is None else hi - lo  # the Loader's N: [start, end)
+            if span and tok.length == span:
+                start_epoch = tok.position // span
             if start_epoch < epoch or (self._end_epoch is not None
                                        and start_epoch > self._end_epoch):
                 raise _checkpoint_error(tok, epoch, self._end_epoch)
@@ -329,12 +410,46 @@ class ImageLoader:
         """Stops the threads and releases the data (idempotent)."""
         if self._closed:
             return
+        self._stop()
+        self.records.close()
+
+    def _stop(self) -> None:
+        """Stops the threads; the records stay open."""
         self._closed = True
+        if self._budget is not None:
+            self._budget.close()  # wake workers waiting on the mix's share (_EpochBudget won't)
         for ld in (self._inner, getattr(self, "_last", None)):
             if ld is not None:
                 ld.close()
         self._inner = None
-        self.records.close()
+
+    def _reopen(self, **overrides: Any) -> ImageLoader:
+        """A new loader with this one's settings plus ``overrides``; takes over the records.
+
+        For ``headrace.mix``: ``budget=`` (a share of the mix's byte cap), ``resume=`` (a
+        checkpoint of this loader) and ``epoch=`` (restart at that epoch). This loader's threads
+        stop; its open records (mapped store, S3 client, folder scan) move to the new one.
+        """
+        opts = {**self._opts, **overrides}
+        if "resume" not in overrides:
+            opts["resume"] = None
+        records = self.records
+        self._stop()
+        new = ImageLoader.__new__(ImageLoader)
+        new._construct(self._data, opts, records=records)
+        return new
+
+    @property
+    def source(self) -> _Footprint:
+        """The records as a sized source; ``nbytes(ids)`` counts the payloads *and* the decoded
+        images of those records (what one batch holds in the loader: ``headrace.mix`` reserves
+        that much per source)."""
+        return _Footprint(self._source, self._per_item)
+
+    @property
+    def config(self) -> Any:
+        """The resolved memory settings (``max_inflight_bytes``, ...) of the running epoch."""
+        return (self._inner or self._last).config
 
     def __enter__(self) -> ImageLoader:
         return self
@@ -351,6 +466,57 @@ class ImageLoader:
     def __repr__(self) -> str:
         return (f"ImageLoader({self.records!r}, batch={self.batch_size}, out={self.item_shape}, "
                 f"dtype={self.dtype}, epoch={self._epoch})")
+
+
+class _Footprint:
+    """``len`` and ``nbytes`` of an image loader's batches (payloads + decoded output)."""
+
+    def __init__(self, source: _RecordsSource, per_item: int) -> None:
+        self._source = source
+        self._per_item = per_item
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    @property
+    def fingerprint(self) -> str:
+        return self._source.fingerprint
+
+    def nbytes(self, ids: np.ndarray) -> int:
+        return int(self._source.nbytes(ids)) + self._per_item * len(ids)
+
+
+class _EpochBudget:
+    """A mix's budget share as seen by one epoch's :class:`Loader`: everything but ``close``.
+
+    An image loader runs one ``Loader`` per epoch on the same share; a finished epoch closing it
+    would starve the next. The ``ImageLoader`` closes the share itself when it stops.
+    """
+
+    def __init__(self, budget: Any) -> None:
+        self._budget = budget
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._budget, name)
+
+    def close(self) -> None:
+        pass
+
+
+def _check_range(start: Any, end: Any) -> tuple[int | None, int | None]:
+    """mx8's ``start``/``end`` (``start_id``/``end_id``) rules, with ``headrace.load``'s wording."""
+    if start is None and end is None:
+        return None, None
+    if start is None or end is None:
+        raise ConfigError("start and end must be set together")
+    for name, v in (("start", start), ("end", end)):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer):
+            raise ConfigError(f"{name} must be an int record id, got {v!r}")
+        if v < 0:
+            raise ConfigError(f"{name} must be >= 0, got {v}")
+    if start > end:
+        raise ConfigError(f"invalid range (start > end): start={start} end={end}")
+    return int(start), int(end)
 
 
 def _checkpoint_error(tok: Any, first: int, end: int | None) -> Exception:
@@ -378,7 +544,9 @@ def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | Non
           inflight: int | None = None, ram_gb: float | None = None, queue: int | None = None,
           prefetch: int | None = None, profile: str | None = None, constraints: Any = None,
           runtime: Any = None, rank: int = 0, world_size: int = 1,
-          resume: bytes | None = None) -> ImageLoader:
+          resume: bytes | None = None, start: int | None = None, end: int | None = None,
+          store: str | None = None, recursive: bool = True, autopack: bool = False,
+          shard_mb: float = 512, tune: bool | None = None, **options: Any) -> ImageLoader:
     """Decoded, augmented image batches from a store, an mx8 pack or a raw image folder.
 
     Example (mx8's README, unchanged)::
@@ -389,9 +557,12 @@ def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | Non
         for images, labels in loader: ...
 
     Args:
-        data: a store made by :func:`headrace.pack_dir` (path or ``Store``; ``@refresh`` is
-            accepted and ignored: a store is always read at its latest commit), an mx8 1.0.7 pack
-            directory, or a local image folder (labels by first-level folder, see ``label_mode``).
+        data: a store made by :func:`headrace.pack_dir` or :func:`headrace.pack` (path or
+            ``Store``; ``@refresh`` is accepted: a local store is always read at its latest
+            commit), an mx8 1.0.7 pack directory, a local image folder (labels by first-level
+            folder, see ``label_mode``), or a dataset link: ``s3://bucket/prefix/`` holding a
+            store (byte-range reads) or image files (ImageFolder layout), ``file://``, and
+            ``@refresh`` / ``@sha256:<hash>`` pins (``docs/s3.md``).
         batch: images per batch.
         shuffle: shuffle each epoch (``order="shuffle"``); ``order`` may name any loader order.
         seed: order and augmentation seed. Augmentations are a pure function of
@@ -421,19 +592,49 @@ def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | Non
         label_mode: for raw folders, as in :func:`headrace.pack_dir`.
         threads, inflight, ram_gb, queue, prefetch, profile, constraints, runtime, rank,
             world_size, resume: as in :class:`headrace.Loader`.
+        start, end: read only records ``[start, end)`` (set together; mx8's ``start``/``end``).
+            Augmentations stay keyed by the record id, so a sub-range decodes its records
+            exactly as the full range does.
+        store, recursive: links only: the manifest store root, and whether a raw prefix is
+            listed recursively.
+        autopack, shard_mb, tune: mx8's; accepted and ignored (raw folders and prefixes are
+            decoded without packing; the profile sizes the threads).
+        **options: links only: S3 settings (``endpoint``, ``region``, ``profile``, ...,
+            ``s3=S3Options(...)``), ``cache_dir``/``cache_bytes``, ``max_inflight``, ``verify``.
     """
-    spec = ImageSpec.from_kwargs(
-        augment=augment, resize=resize, crop=crop, center_crop=center_crop,
-        random_resized_crop=random_resized_crop, scale=scale, ratio=ratio, flip_p=flip_p,
-        jitter_brightness=jitter_brightness, jitter_contrast=jitter_contrast,
-        jitter_saturation=jitter_saturation, jitter_hue=jitter_hue, mean=mean, std=std,
-        float_out=float_out, layout=layout, interpolation=interpolation, dct_scale=dct_scale,
-        fast=fast_decode)
-    loader_kw = {"threads": threads, "inflight": inflight, "ram_gb": ram_gb, "queue": queue,
-                 "prefetch": prefetch, "profile": profile, "constraints": constraints,
-                 "runtime": runtime, "rank": rank, "world_size": world_size}
-    return ImageLoader(data, spec=spec, batch=batch,
-                       order=order or ("shuffle" if shuffle else "sequential"), seed=seed,
-                       epoch=epoch, epochs=epochs, drop_last=drop_last,
-                       on_decode_error=on_decode_error, to_torch=to_torch,
-                       label_mode=label_mode, loader_kw=loader_kw, resume=resume)
+    given = {k: v for k, v in locals().items() if k not in ("data", "options")}
+    return ImageLoader._create(data, _image_options({**given, **options}))
+
+
+_LINK_OPTIONS = frozenset({"cache_dir", "cache_bytes", "max_inflight", "verify", "s3"})
+_IGNORED = ("autopack", "shard_mb", "tune")  # mx8 knobs without a meaning here (docs/images.md)
+
+
+def _image_options(given: dict[str, Any]) -> dict[str, Any]:
+    """:func:`image`'s keywords with defaults filled in; S3/link settings under ``link_options``."""
+    import dataclasses
+    import inspect
+
+    from ._objstore import S3Options
+
+    params = {name: p.default for name, p in inspect.signature(image).parameters.items()
+              if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    link_names = _LINK_OPTIONS | {f.name for f in dataclasses.fields(S3Options)}
+    opts = dict(params)
+    link: dict[str, Any] = {}
+    for key, value in given.items():
+        if key in params:
+            opts[key] = value
+        elif key in link_names:
+            link[key] = value
+        else:
+            raise ConfigError(f"unknown image() argument {key!r}; see help(headrace.image) (S3 "
+                              f"settings: {', '.join(sorted(link_names))})")
+    for key in _IGNORED:
+        del opts[key]
+    if opts["store"] is not None:
+        link["store"] = opts["store"]
+    link["recursive"] = opts.pop("recursive")
+    del opts["store"]
+    opts["link_options"] = link
+    return opts

@@ -14,6 +14,7 @@ mx8's percent-encoding (``%`` ``%25``, space ``%20``, TAB ``%09``, non-ASCII byt
 from __future__ import annotations
 
 import hashlib
+import itertools
 import mmap
 import os
 import threading
@@ -25,9 +26,10 @@ import numpy as np
 
 from ._errors import ConfigError, CorruptionError, RecordIndexError
 
-__all__ = ["IMAGE_EXTENSIONS", "FolderImages", "ImageRecords", "Mx8PackImages", "Scan",
-           "StoreImages", "decode_label", "encode_label", "is_image_folder", "is_mx8_pack",
-           "open_image_records", "read_labels_tsv", "scan_tree", "write_labels_tsv"]
+__all__ = ["IMAGE_EXTENSIONS", "FolderImages", "ImageRecords", "Mx8PackImages", "RawImages",
+           "Scan", "StoreImages", "decode_label", "encode_label", "is_image_folder",
+           "is_mx8_pack", "label_paths", "open_image_records", "parse_labels_tsv",
+           "read_labels_tsv", "scan_tree", "utf8_ragged", "write_labels_tsv"]
 
 IMAGE_EXTENSIONS = frozenset({
     ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff",
@@ -83,21 +85,26 @@ def write_labels_tsv(path: str, classes: list[str], *, header: bool = False) -> 
 
 def read_labels_tsv(path: str) -> list[str]:
     """Class names by label id from a headrace ``_labels.tsv`` or an mx8 ``labels.tsv``."""
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+        return parse_labels_tsv(f.read(), path)
+
+
+def parse_labels_tsv(text: str, path: str) -> list[str]:
+    """:func:`read_labels_tsv` of the file's text (``path`` names it in errors)."""
     names: dict[int, str] = {}
-    with open(path, encoding="utf-8", errors="surrogateescape") as f:
-        for n, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not line or line.startswith("#"):
-                continue
-            if line.startswith("schema_version="):
-                if line != "schema_version=1":
-                    raise CorruptionError(f"{path}: unsupported labels {line} (expected "
-                                          "schema_version=1)")
-                continue
-            key, sep, name = line.partition("\t")
-            if not sep or not key.isdigit():
-                raise CorruptionError(f"{path} line {n}: expected label_id<TAB>name, got {line!r}")
-            names[int(key)] = decode_label(name)
+    for n, line in enumerate(text.split("\n"), 1):
+        line = line.rstrip("\r")
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("schema_version="):
+            if line != "schema_version=1":
+                raise CorruptionError(f"{path}: unsupported labels {line} (expected "
+                                      "schema_version=1)")
+            continue
+        key, sep, name = line.partition("\t")
+        if not sep or not key.isdigit():
+            raise CorruptionError(f"{path} line {n}: expected label_id<TAB>name, got {line!r}")
+        names[int(key)] = decode_label(name)
     if sorted(names) != list(range(len(names))):
         raise CorruptionError(f"{path}: label ids must be 0..{len(names) - 1} without gaps")
     return [names[i] for i in range(len(names))]
@@ -128,6 +135,37 @@ def _check_label_mode(label_mode: str | None, require_labels: bool) -> str:
         raise ConfigError("label_mode='none' contradicts require_labels=True; pass "
                           "label_mode='imagefolder' to label by first-level folder")
     return mode
+
+
+def label_paths(paths: list[str], *, mode: str, require_labels: bool, root: str
+                ) -> tuple[np.ndarray, list[str] | None, str | None]:
+    """ImageFolder labels of sorted relative paths: ``(labels, classes, note)`` (see ``scan_tree``).
+
+    Shared by the folder scan and the S3/link image sources, so a tree labels the same wherever
+    it lives.
+    """
+    labels = np.full(len(paths), -1, np.int64)
+    classes: list[str] | None = None
+    note = None
+    if mode != "none" and paths:
+        top = [p for p in paths if "/" not in p]
+        if top and (mode == "imagefolder" or require_labels):
+            shown = ", ".join(top[:10]) + (f" ... ({len(top)} files)" if len(top) > 10 else "")
+            raise ConfigError(
+                f"require_labels/imagefolder mode requires files under <label>/<file>, but "
+                f"{len(top)} image files sit directly in {root}: {shown}; move them into class "
+                "folders or pass label_mode='auto'/'none'")
+        if top:
+            note = (f"label_mode='auto': {len(top)} image files sit directly in {root} (e.g. "
+                    f"{', '.join(top[:3])}), so this is not an ImageFolder layout and the records "
+                    "are unlabeled (label -1); move them into class folders, or pass "
+                    "label_mode='none' to silence this")
+        else:
+            first = [p.split("/", 1)[0] for p in paths]
+            classes = sorted(set(first), key=os.fsencode)  # mx8 1.0.7 assigns ids this way
+            cid = {c: i for i, c in enumerate(classes)}
+            labels = np.fromiter((cid[c] for c in first), np.int64, len(first))
+    return labels, classes, note
 
 
 def scan_tree(root: str, *, label_mode: str | None = "auto", require_labels: bool = False,
@@ -172,27 +210,8 @@ def scan_tree(root: str, *, label_mode: str | None = "auto", require_labels: boo
     paths = [t[1] for t in found]
     sizes = np.fromiter((t[2] for t in found), np.int64, len(found))
     mtimes = np.fromiter((t[3] for t in found), np.int64, len(found))
-    labels = np.full(len(paths), -1, np.int64)
-    classes: list[str] | None = None
-    note = None
-    if mode != "none" and paths:
-        top = [p for p in paths if "/" not in p]
-        if top and (mode == "imagefolder" or require_labels):
-            shown = ", ".join(top[:10]) + (f" ... ({len(top)} files)" if len(top) > 10 else "")
-            raise ConfigError(
-                f"require_labels/imagefolder mode requires files under <label>/<file>, but "
-                f"{len(top)} image files sit directly in {root}: {shown}; move them into class "
-                "folders or pass label_mode='auto'/'none'")
-        if top:
-            note = (f"label_mode='auto': {len(top)} image files sit directly in {root} (e.g. "
-                    f"{', '.join(top[:3])}), so this is not an ImageFolder layout and the records "
-                    "are unlabeled (label -1); move them into class folders, or pass "
-                    "label_mode='none' to silence this")
-        else:
-            first = [p.split("/", 1)[0] for p in paths]
-            classes = sorted(set(first), key=os.fsencode)  # mx8 1.0.7 assigns ids this way
-            cid = {c: i for i, c in enumerate(classes)}
-            labels = np.fromiter((cid[c] for c in first), np.int64, len(first))
+    labels, classes, note = label_paths(paths, mode=mode, require_labels=require_labels,
+                                        root=root)
     return Scan(root, paths, sizes, labels, classes,
                 {"hidden": hidden, "non_image": non_image}, note, mtimes)
 
@@ -269,6 +288,23 @@ class ImageRecords:
         self.close()
 
 
+def utf8_ragged(texts: list[str]) -> Any:
+    """Strings as a ``Ragged`` of their UTF-8 bytes (how stores hold paths and keys)."""
+    from ._store import Ragged
+
+    blobs = [t.encode("utf-8", "surrogateescape") for t in texts]
+    offsets = np.zeros(len(blobs) + 1, np.int64)
+    np.cumsum([len(b) for b in blobs], out=offsets[1:])
+    return Ragged(np.frombuffer(b"".join(blobs), np.uint8).copy(), offsets)
+
+
+def _ragged_views(r: Any) -> list[Any]:
+    """The records of a ``Ragged`` uint8 as views of its values (no copies)."""
+    mv = memoryview(r.values)
+    offs = r.offsets.tolist()
+    return [mv[a:b] for a, b in itertools.pairwise(offs)]
+
+
 class FolderImages(ImageRecords):
     """A raw local image tree, decoded on the fly (labels by first-level folder, see ``scan_tree``).
 
@@ -290,6 +326,8 @@ class FolderImages(ImageRecords):
                             self.scan.mtimes.tolist(), strict=True):
             h.update(f"{p}\0{s}\0{mt}\n".encode("utf-8", "surrogateescape"))
         self._fingerprint = f"folder:{len(self.scan.paths)}:{h.hexdigest()[:16]}"
+        self._path_len = np.fromiter((len(p.encode("utf-8", "surrogateescape"))
+                                      for p in self.scan.paths), np.int64, len(self.scan.paths))
 
     def __len__(self) -> int:
         return len(self.scan.paths)
@@ -315,6 +353,18 @@ class FolderImages(ImageRecords):
         return int(self.scan.sizes[self._check(ids)].sum())
 
     payload_nbytes = raw_nbytes
+
+    # A generic loader over a folder yields what it yields over ``pack_dir(folder)``: the
+    # ``image`` bytes, ``label`` and ``path`` (UTF-8, relative, ``/``-separated).
+
+    def nbytes(self, ids: np.ndarray) -> int:
+        ids = self._check(ids)
+        return super().nbytes(ids) + int(self._path_len[ids].sum()) + 8 * (len(ids) + 1)
+
+    def gather(self, ids: np.ndarray) -> dict[str, Any]:
+        out = super().gather(ids)
+        out["path"] = utf8_ragged([self.scan.paths[i] for i in self._check(ids).tolist()])
+        return out
 
     def __repr__(self) -> str:
         return f"FolderImages({self.root!r}, n={len(self)})"
@@ -490,50 +540,94 @@ def _hint_label(hint: str, i: int) -> int | None:
 
 
 class StoreImages(ImageRecords):
-    """A headrace store made by ``pack_dir`` (fields ``image``, ``label``, ``path``)."""
+    """A headrace store of encoded images, local (``Store``) or on S3 (``RemoteStore``).
+
+    Two layouts: ``pack_dir``'s (fields ``image``, ``label``, ``path``) and ``headrace.pack``'s
+    (``bytes``, ``label``, ``key``). Class names come from ``attrs["classes"]`` (``pack``) or the
+    ``_labels.tsv`` named in ``attrs["labels"]`` (``pack_dir``). A local store gives zero-copy views of
+    its mapped chunks; a store on S3 is read by coalesced byte ranges per batch (``RemoteStore``),
+    and its labels (8 bytes per record) are fetched once when it is opened, so a shuffled batch
+    does not cost one small request per label.
+
+    Args:
+        store: an open ``Store`` or ``RemoteStore``.
+        owned: close it with these records.
+        length: serve only records ``[0, length)`` (a snapshot pinned before later appends).
+    """
 
     zero_copy = True
 
-    def __init__(self, store: Any, *, owned: bool = False) -> None:
+    def __init__(self, store: Any, *, owned: bool = False, length: int | None = None) -> None:
         from ._sources import store_fingerprint
 
         self.store = store
         self._owned = owned
-        if "image" not in store.fields:
-            raise ConfigError(f"store {store.path!r} has no 'image' field (fields: "
-                              f"{sorted(store.fields)}); pack images with headrace.pack_dir")
-        self._raw = store.fields["image"].codec == "raw"
+        self._remote = hasattr(store, "url")  # a RemoteStore
+        where = str(getattr(store, "url", None) or getattr(store, "path", "?"))
+        fields = store.fields
+        self._image = next((f for f in ("image", "bytes") if f in fields), None)
+        if self._image is None:
+            raise ConfigError(f"store {where!r} has no 'image' (pack_dir) or 'bytes' "
+                              f"(headrace.pack) field (fields: {sorted(fields)}); pack images "
+                              "with headrace.pack_dir")
+        self._path_field = next((f for f in ("path", "key") if f in fields), None)
+        self._raw = fields[self._image].codec == "raw" and not self._remote
         self.zero_copy = self._raw
-        self._has_label = "label" in store.fields
-        self._has_path = "path" in store.fields
-        labels = store.attrs.get("labels")
-        lpath = os.path.join(store.path, labels) if labels else None
-        self.classes = read_labels_tsv(lpath) if lpath and os.path.isfile(lpath) else None
+        self._has_label = "label" in fields
+        self._length = len(store) if length is None else int(length)
+        attrs = store.attrs
+        if isinstance(attrs.get("classes"), list):
+            self.classes = [str(c) for c in attrs["classes"]]
+        elif attrs.get("labels"):
+            self.classes = self._read_labels(str(attrs["labels"]), where)
         self._fingerprint = store_fingerprint(store)
+        self._labels: np.ndarray | None = None
+        if self._remote and self._has_label and self._length:
+            self._labels = np.asarray(store.gather(np.arange(self._length), ["label"])["label"],
+                                      np.int64).reshape(-1)
+
+    def _read_labels(self, name: str, where: str) -> list[str] | None:
+        if self._remote:
+            from ._objstore import ObjectNotFoundError
+            from ._remote_store import objstore_prefix
+
+            try:
+                raw, _ = self.store._os.get(objstore_prefix(self.store.url) + name)
+            except ObjectNotFoundError:
+                return None
+            return parse_labels_tsv(raw.decode("utf-8", "surrogateescape"), f"{where}/{name}")
+        lpath = os.path.join(self.store.path, name)
+        return read_labels_tsv(lpath) if os.path.isfile(lpath) else None
 
     def __len__(self) -> int:
-        return len(self.store)
+        return self._length
 
     @property
     def fingerprint(self) -> str:
         return self._fingerprint
 
     def path(self, i: int) -> str:
-        if not self._has_path:
-            return f"{self.store.path}#{i}"
-        return bytes(self.store.record(int(i), "path")).decode("utf-8", "surrogateescape")
+        if self._path_field is None:
+            return f"{getattr(self.store, 'url', None) or self.store.path}#{i}"
+        r = self.store.gather(np.array([int(i)], np.int64), [self._path_field])[self._path_field]
+        return bytes(r[0]).decode("utf-8", "surrogateescape")
 
     def payloads(self, ids: np.ndarray) -> list[Any]:
-        return list(self.store.views(self._check(ids), "image"))
+        ids = self._check(ids)
+        if self._remote:
+            return _ragged_views(self.store.gather(ids, [self._image])[self._image])
+        return list(self.store.views(ids, self._image))
 
     def labels(self, ids: np.ndarray) -> np.ndarray:
         ids = self._check(ids)
         if not self._has_label:
             return np.full(len(ids), -1, np.int64)
+        if self._labels is not None:
+            return self._labels[ids]
         return np.asarray(self.store.gather(ids, ["label"])["label"], np.int64).reshape(-1)
 
     def raw_nbytes(self, ids: np.ndarray) -> int:
-        return int(self.store.nbytes(self._check(ids), ["image"]))
+        return int(self.store.nbytes(self._check(ids), [self._image]))
 
     def payload_nbytes(self, ids: np.ndarray) -> int:
         return 0 if self._raw else self.raw_nbytes(ids)
@@ -544,6 +638,63 @@ class StoreImages(ImageRecords):
 
     def __repr__(self) -> str:
         return f"StoreImages({self.store!r})"
+
+
+class RawImages(ImageRecords):
+    """The image files of a raw dataset link (an ``s3://`` prefix, a pinned local folder).
+
+    Wraps the link's :class:`~headrace._raw_source.RawSource` (its pinned snapshot, stale-object
+    checks, concurrent GETs and byte cache) and applies the folder rules of ``scan_tree``: only
+    files with an image extension are records (hidden ones are never listed), and labels follow
+    ``label_mode`` (first-level folder), so an image tree gives the same records, labels and
+    classes locally, packed, or on S3.
+    """
+
+    def __init__(self, raw: Any, *, label_mode: str | None = "auto",
+                 require_labels: bool = False) -> None:
+        mode = _check_label_mode(label_mode, require_labels)
+        self.raw = raw
+        self.base = raw.snapshot.link.base
+        keys = raw.manifest.keys
+        keep = [i for i, k in enumerate(keys)
+                if os.path.splitext(k)[1].lower() in IMAGE_EXTENSIONS]
+        if not keep:
+            raise ConfigError(f"{self.base} holds no image files ({len(keys)} other objects; "
+                              f"image extensions: {', '.join(sorted(IMAGE_EXTENSIONS))})")
+        self._ids = np.array(keep, np.int64)
+        self.paths = [keys[i] for i in keep]
+        self._labels, self.classes, note = label_paths(self.paths, mode=mode,
+                                                       require_labels=require_labels,
+                                                       root=self.base)
+        if note is not None:
+            warnings.warn(note, UserWarning, stacklevel=4)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @property
+    def fingerprint(self) -> str:
+        return f"{self.raw.fingerprint}:images"
+
+    def path(self, i: int) -> str:
+        return f"{self.base}/{self.paths[i]}"
+
+    def payloads(self, ids: np.ndarray) -> list[Any]:
+        return _ragged_views(self.raw.gather(self._ids[self._check(ids)])["bytes"])
+
+    def labels(self, ids: np.ndarray) -> np.ndarray:
+        return self._labels[self._check(ids)]
+
+    def raw_nbytes(self, ids: np.ndarray) -> int:
+        return int(self.raw.nbytes(self._ids[self._check(ids)]))
+
+    payload_nbytes = raw_nbytes
+
+    def close(self) -> None:
+        self.raw.close()
+
+    def __repr__(self) -> str:
+        return f"RawImages({self.base!r}, n={len(getattr(self, '_ids', ()))})"
 
 
 # -- opening ---------------------------------------------------------------------------------------
@@ -577,27 +728,83 @@ def is_image_folder(data: Any) -> bool:
             and not is_mx8_pack(p) and _has_image(p, 1))
 
 
+def _split_suffix(text: str) -> tuple[str, str | None]:
+    """``base@refresh`` / ``base@sha256:<h>`` -> ``(base, suffix)``; anything else -> ``(text, None)``."""
+    head, at, suffix = text.rpartition("@")
+    if at and head and "/" not in suffix and not os.path.exists(text) and (
+            suffix == "refresh" or suffix.startswith("sha256:")):
+        return head, suffix
+    return text, None
+
+
 def open_image_records(data: Any, *, label_mode: str | None = "auto",
-                       require_labels: bool = False) -> ImageRecords:
-    """A store (path or ``Store``), an mx8 pack directory or an image folder as ``ImageRecords``."""
+                       require_labels: bool = False, **link_options: Any) -> ImageRecords:
+    """A store, an mx8 pack, an image folder or a dataset link as ``ImageRecords``.
+
+    * ``s3://bucket/prefix/`` and ``file://`` links (with ``@refresh`` / ``@sha256:<h>``) resolve
+      to a pinned snapshot (:mod:`headrace._link_source`): a store there is read by byte ranges,
+      a raw prefix of image files object by object.
+    * a local path with ``@sha256:<h>``: an mx8 pack is checked against its manifest hash; a store
+      or folder goes through the snapshot pinned as ``<h>`` (``LinkError`` if unknown or changed).
+    * a local path, or one with ``@refresh``: read as it is now (store, mx8 pack or folder).
+
+    Args:
+        link_options: for links only: ``store`` (manifest store root), ``recursive``,
+            ``cache_dir``/``cache_bytes``, ``max_inflight``, ``verify`` and S3 settings
+            (``endpoint``, ``region``, ...); see :func:`headrace._link_source.open_link`.
+    """
     if isinstance(data, ImageRecords):
         return data
-    if type(data).__name__ == "Store" and type(data).__module__ == "headrace._store":
+    if type(data).__name__ in ("Store", "RemoteStore") and type(data).__module__ in (
+            "headrace._store", "headrace._remote_store"):
         return StoreImages(data)
-    if isinstance(data, str | os.PathLike):
-        p = os.fspath(data)
-        if os.path.isfile(os.path.join(p, "meta.json")):
-            from ._store import open as open_store
+    if not isinstance(data, str | os.PathLike):
+        raise ConfigError(f"cannot read images from {data!r}: pass a store path or Store, an mx8 "
+                          "pack directory, an image folder or an s3:// link")
+    text = os.fspath(data)
+    if isinstance(text, str) and text.startswith(("s3://", "file://")):
+        return _open_link(text, label_mode, require_labels, link_options)
+    base, suffix = _split_suffix(text) if isinstance(text, str) else (text, None)
+    if suffix is not None and suffix.startswith("sha256:"):
+        if not is_mx8_pack(base):
+            return _open_link(text, label_mode, require_labels, link_options)
+        recs = Mx8PackImages(base)
+        pinned = suffix[7:]
+        if recs.manifest_hash != pinned:
+            recs.close()
+            from ._errors import LinkError
 
-            return StoreImages(open_store(p), owned=True)
-        if is_mx8_pack(p):
-            return Mx8PackImages(p)
-        if os.path.isdir(p):
-            return FolderImages(p, label_mode=label_mode, require_labels=require_labels)
-        raise FileNotFoundError(f"no such dataset {p!r}: expected a headrace store, an mx8 pack "
-                                "directory or an image folder")
-    raise ConfigError(f"cannot read images from {data!r}: pass a store path or Store, an mx8 pack "
-                      "directory, or an image folder")
+            raise LinkError(f"{text}: the mx8 manifest here hashes to {recs.manifest_hash}; the "
+                            "pack changed since the link was pinned")
+        return recs
+    p = base  # a plain path, or @refresh: a local store/pack/folder is read as it is now
+    if os.path.isfile(os.path.join(p, "meta.json")):
+        from ._store import open as open_store
+
+        return StoreImages(open_store(p), owned=True)
+    if is_mx8_pack(p):
+        return Mx8PackImages(p)
+    if os.path.isdir(p):
+        return FolderImages(p, label_mode=label_mode, require_labels=require_labels)
+    raise FileNotFoundError(f"no such dataset {p!r}: expected a headrace store, an mx8 pack "
+                            "directory, an image folder or an s3:// link")
+
+
+def _open_link(text: str, label_mode: str | None, require_labels: bool,
+               options: dict[str, Any]) -> ImageRecords:
+    from ._link_source import open_link
+    from ._raw_source import RawSource
+
+    _check_label_mode(label_mode, require_labels)
+    src = open_link(text, **options)  # raw sources unlabeled: RawImages labels by scan_tree rules
+    try:
+        if isinstance(src, RawSource):
+            return RawImages(src, label_mode=label_mode, require_labels=require_labels)
+        store = getattr(src, "store", src)  # a pinned local store, or the RemoteStore itself
+        return StoreImages(store, owned=True, length=len(src))
+    except BaseException:
+        src.close()
+        raise
 
 
 def _register() -> None:

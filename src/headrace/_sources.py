@@ -83,7 +83,10 @@ def open_source(data: Any, **options: Any) -> Source:
     Raises:
         ConfigError: nothing registered can open ``data``.
     """
-    opener = _match(data)
+    # Paths and URLs: every plugin first, so which kind claims a folder never depends on what
+    # the program imported before (a folder of images is "image-folder" even when the link
+    # module registered first; see docs/images.md).
+    opener = None if isinstance(data, str | os.PathLike) else _match(data)
     if opener is None:
         for module in PLUGIN_MODULES:
             try:
@@ -144,6 +147,10 @@ class StoreSource:
         self._ragged = sum(1 for f in names if store.fields[f].shape is None)
         self._owned = owned
         self._fingerprint = store_fingerprint(store)
+        # Every field fixed-shape: a batch's bytes are n * row bytes (no per-batch index reads;
+        # gather still checks the ids).
+        self._row_bytes = (int(store.nbytes(np.zeros(1, np.int64), names))
+                           if not self._ragged and len(store) else None)
 
     def __len__(self) -> int:
         return len(self.store)
@@ -153,6 +160,8 @@ class StoreSource:
         return self._fingerprint
 
     def nbytes(self, ids: np.ndarray) -> int:
+        if self._row_bytes is not None:
+            return len(ids) * self._row_bytes
         # Ragged fields also allocate their int64 offsets (n + 1 of them).
         return int(self.store.nbytes(ids, self.fields)) + self._ragged * 8 * (len(ids) + 1)
 
