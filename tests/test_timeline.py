@@ -136,3 +136,163 @@ def test_counters_that_restart_count_from_zero():
     out = derive(restarted, threads=2)
     assert all(s["samples_per_second"] >= 0 for s in out)
     assert summarize({**tl, "samples": out})["samples"] == 1000
+
+
+# -- every loader kind records the same timeline (issue 10) ------------------------------------
+
+SNAPSHOT_KEYS = ("t", "delivered_batches_total", "delivered_samples_total", "samples_per_second",
+                 "bytes_per_second", "queue_depth", "batches_in_flight", "inflight_bytes",
+                 "process_rss_bytes", "counted_rss_bytes", "consumer_wait_fraction",
+                 "worker_busy_fraction", "gather_busy_seconds", "transform_busy_seconds")
+
+
+def _drain_with_timeline(loader):
+    """Iterates to the end with a snapshot due at every batch; checks what every kind shares."""
+    loader.enable_timeline(period_s=1e-9, capacity=512)
+    batches = sum(1 for _ in loader)
+    with pytest.raises(StopIteration):  # next() past the end records nothing more
+        next(loader)
+    tl = loader.stats_timeline()
+    assert json.loads(json.dumps(tl)) == tl
+    assert tl["records"] == batches + 1  # one per batch (all due) + the end of the run
+    assert batches >= 2
+    for s in tl["samples"]:
+        assert set(SNAPSHOT_KEYS) <= set(s)
+    last = tl["samples"][-1]
+    assert last["delivered_batches_total"] == batches
+    assert [s["delivered_batches_total"] for s in tl["samples"]] == sorted(
+        s["delivered_batches_total"] for s in tl["samples"])
+    assert isinstance(tl["threads"], int) and tl["threads"] >= 1
+    assert isinstance(tl["max_inflight_bytes"], int)
+    return tl, batches
+
+
+def _png_ok(path, size):
+    from PIL import Image
+
+    with Image.open(path) as im:
+        assert im.format == "PNG" and im.size == size
+        rgb = np.asarray(im.convert("RGB"))
+    assert len(np.unique(rgb.reshape(-1, 3), axis=0)) > 20  # not a blank canvas
+    assert (rgb.min(axis=2) < 200).mean() > 0.01
+
+
+def _ints(s):
+    return [int(x) for x in s.split()]
+
+
+_ints.bos_id, _ints.eos_id = 2, 1  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def token_store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("text")
+    src = root / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": " ".join(str(10 + (d * 7 + i) % 90)
+                                                         for i in range(5 + d % 11))}) + "\n"
+                           for d in range(60)))
+    out = str(root / "tok.hr")
+    headrace.pack_text(str(src), out, tokenizer=_ints)
+    return out
+
+
+def test_text_loader_timeline(token_store):
+    with headrace.text(token_store, batch=4, seq_len=8, threads=1) as ld:
+        tl, _ = _drain_with_timeline(ld)
+    assert tl["kind"] == "text" and tl["batch_size_samples"] == 4
+    assert tl["samples"][-1]["delivered_samples_total"] == ld.windows
+
+
+def test_timeline_argument_on_every_factory(token_store, tmp_path):
+    # A period longer than the run: only the end is recorded; a bad one fails before any work.
+    with headrace.text(token_store, batch=4, seq_len=8, timeline=3600.0) as ld:
+        n = sum(1 for _ in ld)
+        tl = ld.stats_timeline()
+    assert tl["records"] == 1 and tl["period_s"] == 3600.0
+    assert tl["samples"][-1]["delivered_batches_total"] == n
+    with headrace.text(token_store, batch=4, seq_len=8, timeline=True) as ld:
+        assert ld.stats_timeline()["period_s"] == 0.5
+    with (headrace.text(token_store, batch=4, seq_len=8) as ld,
+          pytest.raises(headrace.ConfigError, match=r"TextLoader records no timeline.*=True")):
+        ld.stats_timeline()
+    for bad in (0, -1.0, "fast"):
+        with pytest.raises(headrace.ConfigError, match="timeline="):
+            headrace.text(token_store, batch=4, seq_len=8, timeline=bad)
+        with pytest.raises(headrace.ConfigError, match="timeline="):
+            headrace.mix([headrace.Loader(_data(40), batch=4)], timeline=bad)
+
+
+def test_stream_text_loader_timeline(tmp_path):
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    for d in range(12):
+        (folder / f"{d:02d}.txt").write_text(" ".join(str(10 + i) for i in range(3 + d)))
+    with headrace.text(str(folder), batch=3, seq_len=6, tokenizer=_ints, stream=True,
+                       packing="pad", threads=1) as ld:
+        tl, batches = _drain_with_timeline(ld)
+    assert tl["kind"] == "text" and batches == 4
+
+
+def test_audio_loader_timeline(tmp_path):
+    from _media import sine, write_audio
+
+    for i in range(6):
+        write_audio(str(tmp_path / "a" / f"{i}.wav"), sine(200 + 100 * i, 8000, 800), 8000)
+    with headrace.audio(str(tmp_path / "a"), batch=2, samples=400, threads=1) as ld:
+        tl, batches = _drain_with_timeline(ld)
+    assert tl["kind"] == "audio" and batches == 3
+    assert tl["samples"][-1]["delivered_samples_total"] == 6
+    assert tl["samples"][-1]["transform_busy_seconds"] > 0  # decoding runs in the transform
+
+
+def test_video_loader_timeline(tmp_path):
+    from _media import write_video
+
+    for name in ("x.mp4", "y.mp4"):
+        write_video(str(tmp_path / "v" / name), 12, fps=8, size=(16, 16))
+    with headrace.video(str(tmp_path / "v"), clip=2, stride=2, fps=8, batch=4, threads=1,
+                        index_dir=str(tmp_path / "idx"), timeline=1e-9) as ld:
+        batches = sum(1 for _ in ld)
+        tl = ld.stats_timeline()
+    assert tl["kind"] == "video" and tl["records"] == batches + 1 and batches == 3
+    assert set(SNAPSHOT_KEYS) <= set(tl["samples"][-1])
+    assert tl["samples"][-1]["delivered_samples_total"] == 12
+
+
+def test_distributed_loader_timeline():
+    with headrace.DistributedDataLoader(_data(200), batch=16, rank=1, world_size=2,
+                                        check=False, threads=1) as ld:
+        tl, batches = _drain_with_timeline(ld)
+    assert tl["kind"] == "distributed" and batches == 7  # 100 of 200 records, tail padded
+
+
+def test_mix_timeline_sums_its_sources_and_plots(tmp_path):
+    sources = [headrace.Loader(_data(120), batch=10, threads=1, inflight=1 << 20)
+               for _ in range(2)]
+    with headrace.mix(sources, weights=[1, 1], on_source_exhausted="drop") as m:
+        tl, batches = _drain_with_timeline(m)
+    assert tl["kind"] == "mix" and batches == 24
+    assert tl["threads"] == 2 and tl["max_inflight_bytes"] == 2 << 20  # the shared cap
+    assert tl["batch_size_samples"] == 10 and tl["effective_max_queue_batches"] >= 2
+    assert tl["samples"][-1]["delivered_samples_total"] == 240
+    assert tl["samples"][-1]["gather_busy_seconds"] > 0
+    assert max(s["inflight_bytes"] for s in tl["samples"]) <= 2 << 20
+    out = headrace.plot(m, tmp_path / "mix.png", dpi=40, width_in=10, height_in=9)
+    _png_ok(out, (400, 360))
+
+
+def test_mix_timeline_counters_survive_a_source_restart():
+    def transform(batch, ids):
+        return {"x": batch["x"].astype(np.float32)}
+
+    sources = [headrace.Loader(_data(30), batch=10, threads=1, transform=transform)
+               for _ in range(2)]
+    with headrace.mix(sources, on_source_exhausted="restart", timeline=1e-9) as m:
+        for _ in zip(range(20), m, strict=False):  # each source restarts 3 times
+            pass
+        assert m.stats()["mix_source_restarts_total"] == [3, 3]
+        tl = m.stats_timeline()
+    for key in ("gather_busy_seconds", "transform_busy_seconds"):
+        series = [s[key] for s in tl["samples"]]
+        assert series == sorted(series), key  # cumulative across rebuilt sources
+    assert all(s["worker_busy_fraction"] >= 0 for s in tl["samples"])

@@ -23,6 +23,7 @@ from ._audio import decode_audio, fit_channels, fit_length, resample
 from ._errors import ConfigError, DecodeError, LoaderError
 from ._loader import Loader
 from ._media_sources import MediaFiles, open_media
+from ._timeline import TimelineMixin, timeline_period
 
 __all__ = ["AudioLoader", "audio"]
 
@@ -92,7 +93,7 @@ class _Decoder:
         return {"samples": out, "labels": labels, "sample_rates_hz": rates, "ids": ids}
 
 
-class AudioLoader:
+class AudioLoader(TimelineMixin):
     """Iterates ``(samples, labels)`` batches; built by :func:`audio` (see it for the arguments).
 
     ``samples`` is ``float32[B, channels, sample_count]``, ``labels`` ``int64[B]`` (``-1`` for
@@ -100,10 +101,14 @@ class AudioLoader:
     "sample_rates_hz", "ids"}``.
     """
 
+    _timeline_kind = "audio"
+
     def __init__(self, data: Any, *, batch: int, samples: int, channels: int,
                  rate_hz: int | None, on_decode_error: str, order: str, seed: int, epoch: int,
                  epochs: int | None, drop_last: bool, as_dict: bool, to_torch: bool,
-                 labels: bool | None, loader_kw: dict[str, Any], resume: bytes | None) -> None:
+                 labels: bool | None, loader_kw: dict[str, Any], resume: bytes | None,
+                 timeline: bool | float = False) -> None:
+        timeline_s = timeline_period(timeline)
         if on_decode_error not in _ERROR_POLICIES:
             raise ConfigError(f"invalid decode_error_policy={on_decode_error!r} (expected: "
                               "error|skip)")
@@ -136,6 +141,7 @@ class AudioLoader:
             raise
         self.batch_size = self._inner.batch_size
         self.seed = self._inner.seed
+        self._start_timeline(timeline_s)
 
     def _count(self, *, decoded: int, failed: int, frames: int) -> None:
         with self._lock:
@@ -152,6 +158,9 @@ class AudioLoader:
         while True:
             try:
                 b = next(self._inner)
+            except StopIteration:
+                self._end_timeline()
+                raise
             except LoaderError as e:
                 if isinstance(e.__cause__, DecodeError):
                     raise e.__cause__.with_traceback(None) from e
@@ -159,6 +168,7 @@ class AudioLoader:
             if len(b["ids"]) == 0:
                 continue  # every file of the batch failed to decode (skip policy)
             self.last_ids = b["ids"]
+            self._tick_timeline()
             if self.to_torch:
                 import torch
 
@@ -259,7 +269,8 @@ def audio(data: Any, *, batch: int = 32, samples: int = 16000, channels: int = 1
           labels: bool | None = None, threads: int | None = None, inflight: int | None = None,
           ram_gb: float | None = None, queue: int | None = None, prefetch: int | None = None,
           profile: str | None = None, constraints: Any = None, runtime: Any = None,
-          rank: int = 0, world_size: int = 1, resume: bytes | None = None) -> AudioLoader:
+          rank: int = 0, world_size: int = 1, resume: bytes | None = None,
+          timeline: bool | float = False) -> AudioLoader:
     """Fixed-size float32 audio batches from a store or a raw folder of audio files.
 
     Example (mx8's spelling)::
@@ -287,6 +298,8 @@ def audio(data: Any, *, batch: int = 32, samples: int = 16000, channels: int = 1
         labels: ``True``/``False``/``None`` (auto) labels by first-level folder (raw folders).
         threads, inflight, ram_gb, queue, prefetch, profile, constraints, runtime, rank,
             world_size, resume: as in :class:`headrace.Loader`.
+        timeline: record a stats timeline (``True``: a snapshot every 0.5 s; a number: the
+            period in seconds) for ``stats_timeline()`` and ``headrace.plot``.
     """
     loader_kw = {"threads": threads, "inflight": inflight, "ram_gb": ram_gb, "queue": queue,
                  "prefetch": prefetch, "profile": profile, "constraints": constraints,
@@ -295,4 +308,5 @@ def audio(data: Any, *, batch: int = 32, samples: int = 16000, channels: int = 1
                        on_decode_error=on_decode_error,
                        order=order or ("shuffle" if shuffle else "sequential"), seed=seed,
                        epoch=epoch, epochs=epochs, drop_last=drop_last, as_dict=as_dict,
-                       to_torch=to_torch, labels=labels, loader_kw=loader_kw, resume=resume)
+                       to_torch=to_torch, labels=labels, loader_kw=loader_kw, resume=resume,
+                       timeline=timeline)

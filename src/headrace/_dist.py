@@ -26,6 +26,7 @@ from typing import Any
 
 from headrace._errors import ConfigError
 from headrace._launcher import Launch, detect
+from headrace._timeline import TimelineMixin, timeline_period
 
 __all__ = ["DistributedDataLoader"]
 
@@ -41,7 +42,7 @@ def _resume_position(token: bytes | None) -> int | None:
     return _checkpoint.decode(token).position
 
 
-class DistributedDataLoader:
+class DistributedDataLoader(TimelineMixin):
     """This rank's share of a dataset, read in lockstep with the other ranks.
 
     Example (``torchrun --nproc_per_node=4 train.py``)::
@@ -67,12 +68,16 @@ class DistributedDataLoader:
             caps are fixed).
         coord_url, job_id, node_id, want, progress_interval_ms, grpc_max_message_bytes: mx8's
             coordinator settings; accepted and ignored (headrace needs no coordinator).
+        timeline: record a stats timeline (``True``: a snapshot every 0.5 s; a number: the
+            period in seconds) for ``stats_timeline()`` and ``headrace.plot``.
         **loader_kwargs: passed to ``headrace.Loader`` (``threads``, ``transform``, ``start``...).
 
     Raises:
         ConfigError: bad arguments, ranks that disagree, or no engine to check agreement with.
         CheckpointError: the resume token does not fit this dataset, seed or batch size.
     """
+
+    _timeline_kind = "distributed"
 
     def __init__(self, data: Any = None, *, batch: int | None = None,
                  batch_size_samples: int | None = None, order: Any = "sequential",
@@ -83,7 +88,9 @@ class DistributedDataLoader:
                  max_inflight_bytes: int | None = None, max_queue_batches: int | None = None,
                  prefetch_batches: int | None = None, max_ram_gb: float | None = None,
                  profile: str | None = None, constraints: Any = None, runtime: Any = None,
-                 autotune: bool | None = None, **loader_kwargs: Any) -> None:
+                 autotune: bool | None = None, timeline: bool | float = False,
+                 **loader_kwargs: Any) -> None:
+        timeline_s = timeline_period(timeline)
         ignored = {k: loader_kwargs.pop(k) for k in _MX8_IGNORED if k in loader_kwargs}
         if {k for k, v in ignored.items() if v is not None} & {"coord_url", "job_id", "node_id"}:
             warnings.warn("DistributedDataLoader: coord_url/job_id/node_id are ignored; headrace "
@@ -143,6 +150,7 @@ class DistributedDataLoader:
         self._source = source
         self._owned = owned
         self.seed = seed
+        self._start_timeline(timeline_s)
 
     # -- delegation ----------------------------------------------------------------------------
 
@@ -150,7 +158,13 @@ class DistributedDataLoader:
         return self
 
     def __next__(self) -> Any:
-        return next(self._loader)
+        try:
+            batch = next(self._loader)
+        except StopIteration:
+            self._end_timeline()
+            raise
+        self._tick_timeline()
+        return batch
 
     def __len__(self) -> int:
         """Batches this rank yields (the same on every rank with ``tail="pad"`` or ``"drop"``)."""

@@ -33,6 +33,7 @@ from headrace._config import Constraints
 from headrace._errors import CheckpointError, ConfigError, LoaderError
 from headrace._mix_schedule import SmoothRoundRobin, exact_weights
 from headrace._shared_budget import BudgetShare, SharedBudget
+from headrace._timeline import TimelineMixin, timeline_period
 
 __all__ = ["MixedLoader", "mix"]
 
@@ -44,6 +45,12 @@ _TOKEN_KIND = "mix_loader"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 DEFAULT_SNAPSHOT_PERIOD_TICKS = 64
+# The sources' counters and readings summed into the mix's own stats() (what its timeline and
+# headrace.plot show); the cumulative ones are carried over when a source is rebuilt at restart.
+_SUMMED_COUNTERS = ("gather_busy_seconds", "transform_busy_seconds", "budget_wait_seconds",
+                    "ram_wait_seconds")
+_SUMMED_READINGS = ("queue_depth", "batches_in_flight", "threads", "effective_max_queue_batches")
+_MAX_READINGS = ("ram_high_water_bytes", "counted_rss_high_water_bytes")
 
 
 def _env_first(env: Mapping[str, str], *names: str) -> tuple[str, str] | None:
@@ -109,6 +116,11 @@ def _nsamples(source: Any, batch: Any) -> int:
         return 1
 
 
+def _number(value: Any) -> float | int:
+    """A stats value as a number (a missing or non-numeric one counts 0)."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+
 def _source_inflight(source: Any) -> int:
     try:
         return int(source.stats().get("inflight_bytes", 0))
@@ -122,7 +134,7 @@ def _source_cap(source: Any) -> int | None:
     return cap if isinstance(cap, int) and cap > 0 else None
 
 
-class MixedLoader:
+class MixedLoader(TimelineMixin):
     """Batches of several loaders in a smooth weighted round-robin order. Build with :func:`mix`.
 
     Attributes:
@@ -133,11 +145,15 @@ class MixedLoader:
             rebound to one; ``stats()`` then reports the summed inflight bytes against the cap).
     """
 
+    _timeline_kind = "mix"
+
     def __init__(self, sources: Sequence[Any], *, weights: Sequence[float] | None = None,
                  seed: int = 0, epoch: int = 0, starvation: int = 10000,
                  on_source_exhausted: str = "error", resume: bytes | None = None,
                  inflight: int | None = None, constraints: Constraints | None = None,
-                 snapshot: bool | None = None, snapshot_period_ticks: int | None = None) -> None:
+                 snapshot: bool | None = None, snapshot_period_ticks: int | None = None,
+                 timeline: bool | float = False) -> None:
+        timeline_s = timeline_period(timeline)
         sources = list(sources)
         if not sources:
             raise ConfigError("mix requires at least one loader instance")
@@ -192,6 +208,7 @@ class MixedLoader:
         self.violation_total = 0
         self.inflight_high_water_bytes = 0
         self.last_source: int | None = None
+        self._retired = dict.fromkeys(_SUMMED_COUNTERS, 0.0)  # of sources rebuilt at restart
 
         # One budget for all: an explicit cap, else the sum of the sources' own caps.
         cap = inflight if inflight is not None else (
@@ -208,6 +225,7 @@ class MixedLoader:
         self.sources: list[Any] = sources
         if resume is not None:
             self._restore(resume)
+        self._start_timeline(timeline_s)
 
     def _share_budget(self, sources: list[Any], cap: int) -> list[Any]:
         """Rebuild every source on a share of one ``SharedBudget`` of ``cap`` bytes.
@@ -269,6 +287,7 @@ class MixedLoader:
             while True:
                 if not self._sched.any_active:
                     self._finished = True
+                    self._end_timeline()
                     raise StopIteration
                 idx = self._sched.pick()
                 source = self.sources[idx]
@@ -281,6 +300,7 @@ class MixedLoader:
                     continue
                 self.wait_seconds[idx] += time.monotonic() - t0
                 self._deliver(idx, source, batch)
+                self._tick_timeline()
                 return batch
 
     def _exhausted(self, idx: int) -> None:
@@ -299,6 +319,13 @@ class MixedLoader:
             return
         old = self.sources[idx]
         next_epoch = int(getattr(old, "epoch", 0))
+        try:
+            done = old.stats()
+        except Exception:  # a stats-less source reports nothing
+            done = {}
+        for key in _SUMMED_COUNTERS:  # the rebuilt source counts from zero again
+            value = done.get(key)
+            self._retired[key] += float(value) if isinstance(value, int | float) else 0.0
         try:
             self._reopen(idx, epoch=next_epoch, resume=None)
         except ConfigError as e:
@@ -395,11 +422,13 @@ class MixedLoader:
 
         normalized, realized = self._normalized(), self._realized()
         per_source = []
+        unique: dict[int, Mapping[str, Any]] = {}  # a loader in several slots counts once
         for i, s in enumerate(self.sources):
             try:
                 metrics = s.stats()
             except Exception:  # a closed or stats-less source reports nothing
                 metrics = {}
+            unique.setdefault(id(s), metrics)
             per_source.append({
                 "source_idx": i, "active": self._sched.active[i],
                 "source_weight": self.weights[i],
@@ -420,6 +449,14 @@ class MixedLoader:
         caps = [m.get("max_process_rss_bytes") for m in (p["metrics"] for p in per_source)]
         status = ("CLOSED" if self._closed else "DONE" if self._finished
                   else "RUNNING" if self._sched.ticks else "WARMING")
+        mem = sample_memory()
+        inflight = self.total_inflight_bytes()
+        high = max(self.inflight_high_water_bytes,
+                   self.budget.high_water_bytes if self.budget is not None else 0, inflight)
+        summed = {key: self._retired.get(key, 0) + sum(_number(m.get(key)) for m in unique.values())
+                  for key in (*_SUMMED_COUNTERS, *_SUMMED_READINGS)}
+        for key in ("threads", "queue_depth", "batches_in_flight", "effective_max_queue_batches"):
+            summed[key] = int(summed[key])
         return {
             "status": status, "mode": "mixed",
             "seed": self.seed, "epoch": self.epoch,
@@ -447,7 +484,7 @@ class MixedLoader:
             "mix_realized_ratio": realized,
             "mix_source_exhaustion_policy": self.policy,
             "mix_starvation_threshold_ticks": self.starvation,
-            "mix_total_inflight_bytes": self.total_inflight_bytes(),
+            "mix_total_inflight_bytes": inflight,
             "mix_inflight_high_water_bytes": max(
                 self.inflight_high_water_bytes,
                 self.budget.high_water_bytes if self.budget is not None else 0),
@@ -455,7 +492,17 @@ class MixedLoader:
             "mix_shared_budget": self.budget is not None,
             "mix_shared_inflight_violation_total": self.violation_total,
             "mix_resume_source_checkpoint_mismatch_total": 0,
-            "process_rss_bytes": sample_memory().rss_bytes,
+            "process_rss_bytes": mem.rss_bytes,
+            # The sources together, under a single loader's key names (the timeline, the plot).
+            **summed,
+            "inflight_bytes": inflight,
+            "inflight_high_water_bytes": high,
+            "max_inflight_bytes": self.shared_max_inflight_bytes,
+            "batch_size_samples": self.batch_size,
+            "page_cache_resident_bytes": mem.page_cache_bytes,
+            "counted_rss_bytes": mem.counted_bytes,
+            **{key: max((_number(m.get(key)) for m in unique.values()), default=0)
+               for key in _MAX_READINGS},
             "elapsed_seconds": elapsed,
             "mix_sources": per_source,
         }
@@ -639,7 +686,7 @@ def mix(sources: Sequence[Any], *, weights: Sequence[float] | None = None, seed:
         constraints: Constraints | None = None, snapshot: bool | None = None,
         snapshot_period_ticks: int | None = None, job: str | None = None,
         coord: str | None = None, profile: str | None = None, tune: bool | None = None,
-        runtime: Any = None) -> MixedLoader:
+        runtime: Any = None, timeline: bool | float = False) -> MixedLoader:
     """Compose loaders into one deterministic stream of their batches.
 
     Args:
@@ -660,6 +707,9 @@ def mix(sources: Sequence[Any], *, weights: Sequence[float] | None = None, seed:
             ``HEADRACE_MIX_SNAPSHOT_PERIOD_TICKS``, or the ``MX8_`` spellings; period 64).
         job, coord, profile, tune, runtime: accepted for mx8 compatibility. headrace needs no
             coordinator; the sources keep their own profiles and tuning.
+        timeline: record a stats timeline of the mix (``True``: a snapshot every 0.5 s; a
+            number: the period in seconds) for ``stats_timeline()`` and ``headrace.plot``: the
+            sources' queues, bytes in flight against the shared cap, busy and wait time, summed.
 
     Returns:
         A :class:`MixedLoader`.
@@ -678,4 +728,4 @@ def mix(sources: Sequence[Any], *, weights: Sequence[float] | None = None, seed:
     return MixedLoader(sources, weights=weights, seed=seed, epoch=epoch, starvation=starvation,
                        on_source_exhausted=on_source_exhausted, resume=resume, inflight=inflight,
                        constraints=constraints, snapshot=snapshot,
-                       snapshot_period_ticks=snapshot_period_ticks)
+                       snapshot_period_ticks=snapshot_period_ticks, timeline=timeline)

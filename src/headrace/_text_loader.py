@@ -38,6 +38,7 @@ from ._loader import Loader
 from ._pack_text import TEXT_ATTR, is_mx8_pack, pack_text
 from ._snapshot import fetch
 from ._sources import store_fingerprint
+from ._timeline import TimelineMixin, timeline_period
 from ._tokenizer import as_tokenizer
 
 __all__ = ["TextLoader", "text"]
@@ -286,12 +287,15 @@ class _StreamRows:
                 "doc_ids": np.repeat(np.asarray(keep, np.int64), counts)}
 
 
-class TextLoader:
+class TextLoader(TimelineMixin):
     """Iterates ``{"tokens", "mask", "doc_ids"}`` batches; built by :func:`text` (see it)."""
+
+    _timeline_kind = "text"
 
     def __init__(self, source: Any, loader: Loader, *, closer: Any, temp_dir: str | None,
                  info: dict[str, Any], to_torch: bool, seq_len: int, stride: int,
-                 documents: int, name: str, stream: _StreamRows | None = None) -> None:
+                 documents: int, name: str, stream: _StreamRows | None = None,
+                 timeline_s: float | None = None) -> None:
         self.source = source
         self._loader = loader
         self.info = info
@@ -304,6 +308,7 @@ class TextLoader:
         self._documents = documents
         self._path = name
         self._finalizer = weakref.finalize(self, _cleanup, loader, closer, temp_dir)
+        self._start_timeline(timeline_s)
 
     @property
     def sequence_length(self) -> int:
@@ -344,6 +349,9 @@ class TextLoader:
         while True:
             try:
                 batch = self._loader.__next__()
+            except StopIteration:
+                self._end_timeline()
+                raise
             except LoaderError as e:
                 cause = e.__cause__
                 if isinstance(cause, DecodeError | ConfigError):  # stream=True: the user's error
@@ -352,6 +360,7 @@ class TextLoader:
             if len(batch["tokens"]):
                 break  # stream=True: a batch whose documents were all skipped is not delivered
         self._tokens += int(batch["tokens"].size)
+        self._tick_timeline()
         if self.to_torch:
             import torch
 
@@ -532,7 +541,8 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
          threads: int | None = None, inflight: int | None = None, ram_gb: float | None = None,
          queue: int | None = None, prefetch: int | None = None, profile: str | None = None,
          constraints: Any = None, runtime: Any = None, rank: int = 0, world_size: int = 1,
-         resume: bytes | None = None, **options: Any) -> TextLoader:
+         resume: bytes | None = None, timeline: bool | float = False,
+         **options: Any) -> TextLoader:
     """Token windows ``(batch, seq_len)`` for language-model training, deterministic and resumable.
 
     Example::
@@ -585,6 +595,8 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
         progress: progress bar while packing raw text.
         threads, inflight, ram_gb, queue, prefetch, profile, constraints, runtime, rank,
             world_size, resume: as :class:`headrace.Loader`.
+        timeline: record a stats timeline (``True``: a snapshot every 0.5 s; a number: the
+            period in seconds) for ``stats_timeline()`` and ``headrace.plot``.
         **options: S3 options for an ``s3://`` raw-text source. mx8's ``autopack`` and
             ``shard_mb`` are accepted and ignored (raw text is always packed).
 
@@ -595,6 +607,7 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
     """
     seq_len = _positive("seq_len", seq_len, "sequence_length")
     stride = seq_len if stride is None else _positive("stride", stride)
+    timeline_s = timeline_period(timeline)
     if truncate not in _TRUNCATE:
         raise ConfigError(f'invalid truncate="{truncate}" (expected: right|error)')
     if on_decode_error not in _POLICIES:
@@ -619,7 +632,7 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
                               on_decode_error=on_decode_error, packing=packing,
                               drop_last=drop_last, ids=(bos_id, eos_id, pad_id),
                               text_key=text_key, recursive=recursive, to_torch=to_torch,
-                              loader_kw=loader_kw, options=options)
+                              loader_kw=loader_kw, options=options, timeline_s=timeline_s)
     store, temp, info = _open_tokens(data, field=field, tokenizer=tokenizer, text_key=text_key,
                                      txt_mode=txt_mode, recursive=recursive,
                                      on_decode_error=on_decode_error,
@@ -643,7 +656,8 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
             shutil.rmtree(temp, ignore_errors=True)
         raise
     return TextLoader(source, loader, closer=store, temp_dir=temp, info=info, to_torch=to_torch,
-                      seq_len=seq_len, stride=stride, documents=len(store), name=store.path)
+                      seq_len=seq_len, stride=stride, documents=len(store), name=store.path,
+                      timeline_s=timeline_s)
 
 
 def _stream_loader(data: Any, *, batch: int, tokenizer: Any, seq_len: int, stride: int,
@@ -651,7 +665,7 @@ def _stream_loader(data: Any, *, batch: int, tokenizer: Any, seq_len: int, strid
                    on_decode_error: str, packing: str, drop_last: bool,
                    ids: tuple[int | None, int | None, int | None], text_key: str,
                    recursive: bool, to_torch: bool, loader_kw: dict[str, Any],
-                   options: dict[str, Any]) -> TextLoader:
+                   options: dict[str, Any], timeline_s: float | None) -> TextLoader:
     if packing != "pad" or drop_last:
         raise ConfigError("stream=True cuts each document on its own (packing='pad', no "
                           "drop_last): concat windows need every document's token count up "
@@ -674,4 +688,5 @@ def _stream_loader(data: Any, *, batch: int, tokenizer: Any, seq_len: int, strid
         raise
     return TextLoader(source, loader, closer=source, temp_dir=None, info=tok.identity(),
                       to_torch=to_torch, seq_len=seq_len, stride=stride,
-                      documents=len(source), name=str(data), stream=rows)
+                      documents=len(source), name=str(data), stream=rows,
+                      timeline_s=timeline_s)

@@ -23,7 +23,8 @@ from typing import Any
 
 from headrace._errors import ConfigError
 
-__all__ = ["FORMAT", "VERSION", "Recorder", "advice", "load_timeline", "summarize"]
+__all__ = ["FORMAT", "VERSION", "Recorder", "TimelineMixin", "advice", "load_timeline",
+           "summarize", "timeline_period"]
 
 FORMAT = "headrace-timeline"
 VERSION = 1
@@ -113,6 +114,79 @@ class Recorder:
         return {"format": FORMAT, "version": VERSION, "kind": kind, "period_s": self.period_s,
                 "capacity": self.capacity, "records": self.records, **header,
                 "samples": derive(samples, threads=header.get("threads") or 1)}
+
+
+def timeline_period(timeline: bool | float | None) -> float | None:
+    """The period of a loader's ``timeline=`` argument: ``True`` 0.5 s, a number that many
+    seconds, ``False``/``None`` off (``None`` returned)."""
+    if timeline is None or timeline is False:
+        return None
+    if timeline is True:
+        return 0.5
+    if not isinstance(timeline, int | float) or not timeline > 0:
+        raise ConfigError(f"timeline= must be True, False or a period in seconds > 0, got "
+                          f"{timeline!r}")
+    return float(timeline)
+
+
+class TimelineMixin:
+    """``timeline=``, ``enable_timeline()`` and ``stats_timeline()`` for a loader class.
+
+    The class sets ``_timeline_kind``, has ``stats()``, checks its ``timeline=`` argument with
+    :func:`timeline_period` before doing any work, calls ``_start_timeline(period)`` at the end of
+    its constructor (so ``t = 0`` is when the loader is ready), ``_tick_timeline()`` after each delivered batch (one attribute test when off,
+    one clock compare when not due) and ``_end_timeline()`` when it raises ``StopIteration``.
+    The one recorder spans everything the object does (epochs, inner loaders rebuilt).
+    """
+
+    _timeline_kind = "loader"
+    _timeline: Recorder | None = None
+    _timeline_end: float | None = None  # delivered_batches_total at the last end-of-run record
+
+    def stats(self) -> dict[str, Any]:  # pragma: no cover - every loader class defines it
+        raise NotImplementedError
+
+    def _start_timeline(self, period_s: float | None) -> None:
+        """Starts recording every ``period_s`` seconds (from :func:`timeline_period`); ``None``: off."""
+        if period_s is not None:
+            self.enable_timeline(period_s=period_s)
+
+    def _tick_timeline(self) -> None:
+        tl = self._timeline
+        if tl is not None and time.monotonic() >= tl.next_at:
+            tl.record(self.stats())
+
+    def _end_timeline(self) -> None:
+        """Records the end of the run, once however often ``next()`` is called past it."""
+        tl = self._timeline
+        if tl is None:
+            return
+        stats = self.stats()
+        done = stats.get("delivered_batches_total")
+        if done != self._timeline_end:
+            self._timeline_end = done
+            tl.record(stats)
+
+    def enable_timeline(self, *, period_s: float = 0.5, capacity: int = 512) -> None:
+        """Record a snapshot of ``stats()`` every ``period_s`` seconds (see ``stats_timeline()``).
+
+        Sampling happens in ``next()`` once the period has passed (one clock compare per batch
+        otherwise); at most ``capacity`` snapshots are kept: when full, every other one is dropped
+        and the period doubles, so a long run stays covered end to end in bounded memory.
+        """
+        self._timeline = Recorder(period_s=period_s, capacity=capacity)
+        self._timeline_end = None
+
+    def stats_timeline(self) -> dict[str, Any]:
+        """The recorded snapshots as a JSON-serializable dict (``headrace.plot`` draws it).
+
+        Raises:
+            ConfigError: the timeline was never enabled (``timeline=True`` or ``enable_timeline``).
+        """
+        if self._timeline is None:
+            raise ConfigError(f"this {type(self).__name__} records no timeline; create it with "
+                              "timeline=True or call enable_timeline() before iterating")
+        return self._timeline.export(self.stats(), kind=self._timeline_kind)
 
 
 def derive(samples: list[dict[str, float]], *, threads: int) -> list[dict[str, float]]:

@@ -31,6 +31,7 @@ import numpy as np
 from ._errors import ConfigError, DecodeError, LoaderError
 from ._loader import Loader
 from ._media_sources import MediaFiles, open_media
+from ._timeline import TimelineMixin, timeline_period
 from ._video_index import FAILURE_KINDS, ClipIndex, build_index, fps_fraction
 
 __all__ = ["ClipSource", "VideoLoader", "decode_clips", "video"]
@@ -203,7 +204,7 @@ class _Decoder:
         return {"frames": out, **batch}
 
 
-class VideoLoader:
+class VideoLoader(TimelineMixin):
     """Iterates clip batches; built by :func:`video` (see it for the arguments).
 
     Each batch is a dict: ``frames`` uint8 ``(B, clip, H, W, 3)`` RGB, ``clip_ids`` int64,
@@ -211,11 +212,15 @@ class VideoLoader:
     (record ids of the videos) and ``labels`` int64 (``-1`` unlabeled).
     """
 
+    _timeline_kind = "video"
+
     def __init__(self, data: Any, *, clip: int, stride: int, fps: Any, batch: int,
                  resize: tuple[int, int] | None, on_error: str, order: str, seed: int,
                  epoch: int, epochs: int | None, drop_last: bool, to_torch: bool,
                  labels: bool | None, index_dir: Any, progress: bool | None,
-                 loader_kw: dict[str, Any], resume: bytes | None) -> None:
+                 loader_kw: dict[str, Any], resume: bytes | None,
+                 timeline: bool | float = False) -> None:
+        timeline_s = timeline_period(timeline)
         if on_error not in _ERROR_POLICIES:
             raise ConfigError(f"on_error={on_error!r} must be 'count' or 'error'")
         for name, value in (("clip", clip), ("stride", stride)):
@@ -260,6 +265,7 @@ class VideoLoader:
             raise
         self.batch_size = self._inner.batch_size
         self.seed = self._inner.seed
+        self._start_timeline(timeline_s)
 
     def _frame_hw(self) -> tuple[int, int]:
         usable = [v for v, f in enumerate(self.index.failures) if f is None]
@@ -299,6 +305,9 @@ class VideoLoader:
         while True:
             try:
                 b = next(self._inner)
+            except StopIteration:
+                self._end_timeline()
+                raise
             except LoaderError as e:
                 if isinstance(e.__cause__, DecodeError):
                     raise e.__cause__.with_traceback(None) from e
@@ -306,6 +315,7 @@ class VideoLoader:
             if len(b["clip_ids"]) == 0:
                 continue  # every clip of the batch failed (on_error="count")
             self.last_ids = b["clip_ids"]
+            self._tick_timeline()
             if self.to_torch:
                 import torch
 
@@ -414,7 +424,7 @@ def video(data: Any, *, clip: int = 16, stride: int = 8, fps: Any = 8, batch: in
           progress: bool | None = None, threads: int | None = None, inflight: int | None = None, ram_gb: float | None = None,
           queue: int | None = None, prefetch: int | None = None, profile: str | None = None,
           constraints: Any = None, runtime: Any = None, rank: int = 0, world_size: int = 1,
-          resume: bytes | None = None) -> VideoLoader:
+          resume: bytes | None = None, timeline: bool | float = False) -> VideoLoader:
     """Clips of ``clip`` frames at ``fps``, every ``stride`` resampled frames, from a folder of
     videos or a store of video files.
 
@@ -447,6 +457,8 @@ def video(data: Any, *, clip: int = 16, stride: int = 8, fps: Any = 8, batch: in
             terminal; a cached probe shows none).
         threads, inflight, ram_gb, queue, prefetch, profile, constraints, runtime, rank,
             world_size, resume: as in :class:`headrace.Loader`.
+        timeline: record a stats timeline (``True``: a snapshot every 0.5 s; a number: the
+            period in seconds) for ``stats_timeline()`` and ``headrace.plot``.
 
     Raises:
         ConfigError: bad knobs, no usable clip at all, or differing frame sizes without
@@ -459,4 +471,5 @@ def video(data: Any, *, clip: int = 16, stride: int = 8, fps: Any = 8, batch: in
                        on_error=on_error, order=order or ("shuffle" if shuffle else "sequential"),
                        seed=seed, epoch=epoch, epochs=epochs, drop_last=drop_last,
                        to_torch=to_torch, labels=labels, index_dir=index_dir,
-                       progress=progress, loader_kw=loader_kw, resume=resume)
+                       progress=progress, loader_kw=loader_kw, resume=resume,
+                       timeline=timeline)
