@@ -1,12 +1,13 @@
 """What the stats timeline costs: the same loader with the timeline off, at its default period,
 and sampling after every batch (the worst case), side by side in one process.
 
-    .venv/bin/python benchmarks/bench_timeline.py [--rounds 5] [--batches 20000]
+    .venv/bin/python benchmarks/bench_timeline.py [--rounds 5] [--batches 20000] [--kind mix]
 
 Each round runs every variant once on the same in-memory data (shuffled batches of 256 rows of
 256 bytes: small batches, so any per-batch cost shows), in a rotated order so load from other jobs
 hits them alike; the table shows the median batches/s, the per-batch cost relative to "off", and
-how many snapshots each kept.
+how many snapshots each kept. ``--kind mix`` measures ``headrace.mix`` of two such loaders (one
+thread each) instead: its ``stats()``, which asks every source, is the costliest snapshot.
 """
 
 from __future__ import annotations
@@ -22,9 +23,18 @@ import headrace
 VARIANTS = {"off": None, "timeline=True (0.5 s)": 0.5, "every batch (period 1e-9 s)": 1e-9}
 
 
+def _open(data: dict[str, np.ndarray], kind: str) -> object:
+    if kind == "mix":
+        half = len(data["y"]) // 2
+        return headrace.mix([headrace.Loader({k: v[i * half:(i + 1) * half] for k, v in data.items()},
+                                             batch=256, order="shuffle", epochs=None, threads=1)
+                             for i in range(2)])
+    return headrace.Loader(data, batch=256, order="shuffle", epochs=None, threads=2)
+
+
 def run(data: dict[str, np.ndarray], period: float | None,
-        batches: int) -> tuple[float, float, int]:
-    with headrace.Loader(data, batch=256, order="shuffle", epochs=None, threads=2) as ld:
+        batches: int, kind: str = "loader") -> tuple[float, float, int]:
+    with _open(data, kind) as ld:  # type: ignore[attr-defined]
         if period is not None:
             ld.enable_timeline(period_s=period)
         it = iter(ld)
@@ -42,6 +52,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batches", type=int, default=20000)
+    ap.add_argument("--kind", choices=("loader", "mix"), default="loader")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     data = {"x": rng.integers(0, 255, (200_000, 256), dtype=np.uint8),
@@ -54,14 +65,14 @@ def main() -> None:
     for r in range(args.rounds):
         this: dict[str, float] = {}
         for name in names[r % len(names):] + names[: r % len(names)]:
-            rate, cpu, n = run(data, VARIANTS[name], args.batches)
+            rate, cpu, n = run(data, VARIANTS[name], args.batches, args.kind)
             rates[name].append(rate)
             cpus[name].append(cpu)
             this[name] = rate
             kept[name] = n
         for name in names:
             ratios[name].append(this[name] / this["off"])
-    print(f"| timeline | batches/s (median of {args.rounds}) | vs off (median of per-round "
+    print(f"| {args.kind} timeline | batches/s (median of {args.rounds}) | vs off (median of per-round "
           "ratios) | CPU us per batch (all threads) | snapshots kept |")
     print("|---|---:|---:|---:|---:|")
     for name in names:
