@@ -142,3 +142,30 @@ def test_raw_prefix_label_modes_and_options(data):
         headrace.image(base, store=data["ms"], endpont="http://x")
     with pytest.raises(ConfigError, match="no image files"):  # only README.txt at the top
         headrace.image(base, store=data["ms"], recursive=False, resize=(8, 8))
+
+
+def test_local_folder_pinned_by_sha256_and_file_url(data, reference):
+    tree = str(data["tree"])
+    h = headrace.resolve(tree, store=data["ms"])
+    ld = headrace.image(f"{tree}@sha256:{h}", store=data["ms"], **KW)
+    assert type(ld.records).__name__ == "RawImages"
+    _same(_batches(ld), reference)
+    _same(_batches(headrace.image(f"file://{tree}", store=data["ms"], **KW)), reference)
+
+
+def test_changed_object_is_refused_not_decoded(data, server, tmp_path):
+    bucket = new_bucket(server, "img")
+    client = ObjectStore(bucket, options=S3Options())
+    for rel in data["paths"][:4]:
+        client.put(f"raw/{rel}", (data["tree"] / rel).read_bytes())
+    base = f"s3://{bucket}/raw/"
+    ms = str(tmp_path / "ms")
+    headrace.resolve(base, store=ms)  # pin the snapshot
+    client.put(f"raw/{data['paths'][2]}", (data["tree"] / data["paths"][0]).read_bytes())
+    with headrace.image(base, store=ms, batch=4, resize=(8, 8)) as ld, \
+            pytest.raises(headrace.HeadraceError) as info:
+        next(ld)
+    assert data["paths"][2] in str(info.value) + str(info.value.__cause__)
+    assert "@refresh" in str(info.value) + str(info.value.__cause__)
+    with headrace.image(f"{base}@refresh", store=ms, batch=4, resize=(8, 8)) as ld:
+        assert len(next(ld)[0]) == 4
