@@ -170,3 +170,27 @@ def test_token_at_the_end_resumes_exhausted():
         token = ld.checkpoint()
     with headrace.Loader(COLS, batch=8, threads=1, resume=token) as ld:
         assert next(ld, None) is None
+
+
+def test_cached_token_encoder_matches_encode_byte_for_byte():
+    # checkpoint() serializes the constant part once; every token must still equal encode().
+    from headrace import _checkpoint
+
+    long_fp = "x" * 500  # stored as its sha256
+    for fp in ("arrays:50:abc", long_fp):
+        state = _checkpoint.LoaderState(position=0, epoch=0, seed=2**64 - 1, order="shuffle",
+                                        batch=8, length=N, start=0, end=N, fingerprint=fp,
+                                        rank=1, world_size=3)
+        enc = _checkpoint.encoder(state)
+        for position in (0, 7, N, 10**18, 10**300):
+            epoch = position // N
+            want = _checkpoint.encode(_checkpoint.LoaderState(
+                **{**state.__dict__, "position": position, "epoch": epoch}))
+            assert enc(position, epoch) == want
+            assert _checkpoint.decode(want).position == position
+        with pytest.raises(CheckpointError, match="bytes"):  # refused, never truncated
+            enc(10**600, 10**598)
+    with headrace.Loader(COLS, batch=8, order="shuffle", seed=3, epochs=2) as ld:
+        for _ in range(9):
+            next(ld)
+            assert ld.checkpoint() == _checkpoint.encode(ld._state(ld.position))

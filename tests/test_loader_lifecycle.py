@@ -6,6 +6,7 @@ import gc
 import subprocess
 import sys
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -146,6 +147,35 @@ def test_consumer_blocked_in_next_is_woken_by_close():
     t.join(10)
     closer.join(10)
     assert not t.is_alive() and not closer.is_alive()
+    assert headrace_threads() == []
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_next_raises_when_every_worker_thread_died_without_posting():
+    # A worker killed outside the loader's error handling (here: an exception raised by a trace
+    # function on the worker's next Python call after the transform, i.e. while it hands the
+    # batch over) never posts its batch; next() must notice the dead threads and raise, not wait.
+    class Killed(BaseException):
+        pass
+
+    def kill_on_next_call(frame: Any, event: str, arg: Any) -> Any:
+        if event == "call":
+            raise Killed("worker killed")
+        return None
+
+    def transform(batch: dict[str, Any], ids: np.ndarray) -> dict[str, Any]:
+        if threading.current_thread().name.startswith("headrace-worker"):
+            sys.settrace(kill_on_next_call)  # this thread only
+        return batch
+
+    ld = headrace.Loader(COLS, batch=4, threads=1, epochs=None, transform=transform)
+    try:
+        with pytest.raises(LoaderError, match="worker threads exited without delivering"):
+            for _ in range(100_000):
+                next(ld)
+        assert not any(t.is_alive() for t in ld._engine.threads)
+    finally:
+        ld.close()
     assert headrace_threads() == []
 
 

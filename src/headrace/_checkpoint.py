@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from headrace._errors import CheckpointError
 
-__all__ = ["FORMAT", "MAX_TOKEN_BYTES", "LoaderState", "decode", "encode", "fingerprint_key",
-           "validate"]
+__all__ = ["FORMAT", "MAX_TOKEN_BYTES", "LoaderState", "decode", "encode", "encoder",
+           "fingerprint_key", "validate"]
 
 FORMAT = "headrace-ckpt-1"
 MAX_TOKEN_BYTES = 1024
@@ -70,6 +71,28 @@ def encode(state: LoaderState) -> bytes:
         raise CheckpointError(f"checkpoint token would be {len(token)} bytes "
                               f"(> {MAX_TOKEN_BYTES}); this is a bug, please report it")
     return token
+
+
+def encoder(state: LoaderState) -> Callable[[int, int], bytes]:
+    """``fn(position, epoch)``: ``encode`` of ``state`` at that position, byte for byte.
+
+    Everything but the position and epoch is constant for a loader, so it is serialized once
+    here (a loader's ``checkpoint()`` may run every step); each call formats two integers.
+    """
+    marked = encode(replace(state, position=0, epoch=0))
+    key = b'"position":0,"epoch":0,'
+    at = marked.index(key)  # the first keys are fixed: format, kind, position, epoch
+    head = marked[:at] + b'"position":'
+    tail = marked[at + len(key) - 1:]  # from the comma after the epoch
+    room = MAX_TOKEN_BYTES - (len(marked) - 2)  # bytes left for the two integers
+
+    def encode_at(position: int, epoch: int) -> bytes:
+        pos, ep = b"%d" % position, b"%d" % epoch
+        if len(pos) + len(ep) > room:  # as encode: refuse, never truncate
+            return encode(replace(state, position=position, epoch=epoch))
+        return head + pos + b',"epoch":' + ep + tail
+
+    return encode_at
 
 
 def decode(token: Any) -> LoaderState:

@@ -50,6 +50,7 @@ _JOIN_TIMEOUT_S = 10.0
 _RAM_POLL_S = 0.005
 _RAM_SAMPLE_AGE_S = 0.01  # reuse a memory sample this young when far from the RAM cap
 _RAM_WAIT_S = 5.0  # how long next() waits on an over-cap process before raising MemoryCapError
+_LIVENESS_S = 1.0  # while next() waits, check this often that some worker is still alive
 
 
 @dataclass
@@ -96,10 +97,14 @@ class _Engine:
         self.closed = False
         self.ram_blocked_since: float | None = None
         self._steps = steps
+        # A step taken from the plan whose bytes could not be reserved without waiting (by the
+        # consumer's inline dispatch): the next dispatcher starts from it, so no step is skipped.
+        self._pending: Step | None = None
         self.pid = os.getpid()  # threads do not survive fork(): a child must build its own
         # issue 10 (timeline): seconds each worker spent in [gather, transform]; one slot per
         # worker, so each is written by one thread only and no lock is needed.
-        self.busy = [[0.0, 0.0] for _ in range(cfg.threads)]
+        # The last slot is the consumer's (batches it gathers inline, see take()).
+        self.busy = [[0.0, 0.0] for _ in range(cfg.threads + 1)]
         self.threads = [threading.Thread(target=self._work, args=(i,),
                                          name=f"headrace-worker-{i}", daemon=True)
                         for i in range(cfg.threads)]
@@ -140,36 +145,55 @@ class _Engine:
     def _next_task(self) -> _Result | None:
         """Reserve the next batch (window, RAM, budget, in batch order); None = stop working."""
         with self.dispatch_lock:
-            with self.lock:
-                k = self.next_dispatch
-                while not self.closed and self.end_k is None and k - self.next_deliver >= self.window:
-                    self.space_cv.wait()
-                if self.closed or self.end_k is not None:
+            return self._dispatch(wait=True)
+
+    def _dispatch(self, *, wait: bool) -> _Result | None:
+        """Take the next step and reserve its bytes; called under ``dispatch_lock``.
+
+        ``wait=False`` (the consumer's inline dispatch) never blocks: when the window, RAM or
+        budget has no room now it leaves the step in ``_pending`` for the next dispatcher and
+        returns None.
+        """
+        with self.lock:
+            k = self.next_dispatch
+            while not self.closed and self.end_k is None and k - self.next_deliver >= self.window:
+                if not wait:
                     return None
+                self.space_cv.wait()
+            if self.closed or self.end_k is not None:
+                return None
+        step, self._pending = self._pending, None
+        if step is None:
             step = next(self._steps, None)
-            if step is None:
-                with self.lock:
-                    self.end_k = k
-                    self.ready_cv.notify_all()
-                return None
-            ids = np.empty(0, np.int64)
-            try:
-                ids = self._ids(step)
-                nbytes = int(self.source.nbytes(ids))
-                if self.transform_nbytes is not None:
-                    nbytes += int(self.transform_nbytes(len(ids)))
-                if nbytes < 0:
-                    raise ConfigError(f"batch {k} would need {nbytes} bytes; source.nbytes and "
-                                      "transform_nbytes must return sizes >= 0")
-                self.budget.check_fits(nbytes, what=f"batch {k} ({len(ids)} records)")
-                if not self._wait_ram(nbytes) or not self.budget.acquire(nbytes):
-                    return None  # closed while waiting
-            except BaseException as e:  # posted in order: the consumer raises it at batch k
-                self._post(_Result(k, ids, 0, step.after, error=e, where="dispatcher"))
-                return None
+        if step is None:
             with self.lock:
-                self.next_dispatch = k + 1
-            return _Result(k, ids, nbytes, step.after)
+                self.end_k = k
+                self.ready_cv.notify_all()
+            return None
+        ids = np.empty(0, np.int64)
+        try:
+            ids = self._ids(step)
+            nbytes = int(self.source.nbytes(ids))
+            if self.transform_nbytes is not None:
+                nbytes += int(self.transform_nbytes(len(ids)))
+            if nbytes < 0:
+                raise ConfigError(f"batch {k} would need {nbytes} bytes; source.nbytes and "
+                                  "transform_nbytes must return sizes >= 0")
+            self.budget.check_fits(nbytes, what=f"batch {k} ({len(ids)} records)")
+            if not wait:
+                cap = self.cfg.max_ram_bytes
+                if (self.counters.sample(max_age_s=_RAM_SAMPLE_AGE_S).counted_bytes + nbytes
+                        > cap or not self.budget.acquire(nbytes, timeout_s=0.0)):
+                    self._pending = step
+                    return None
+            elif not self._wait_ram(nbytes) or not self.budget.acquire(nbytes):
+                return None  # closed while waiting
+        except BaseException as e:  # posted in order: the consumer raises it at batch k
+            self._post(_Result(k, ids, 0, step.after, error=e, where="dispatcher"))
+            return None
+        with self.lock:
+            self.next_dispatch = k + 1
+        return _Result(k, ids, nbytes, step.after)
 
     # -- workers ---------------------------------------------------------------------------------
 
@@ -185,19 +209,23 @@ class _Engine:
                 return
             if task is None:
                 return
-            t0 = time.monotonic()
-            try:
-                batch = self.source.gather(task.ids)
-                t1 = time.monotonic()
-                busy[0] += t1 - t0
-                if self.transform is not None:
-                    task.where = "transform"
-                    batch = self.transform(batch, task.ids)
-                    busy[1] += time.monotonic() - t1
-                task.batch = batch
-            except BaseException as e:
-                task.error = e
-            self._post(task)
+            self._run(task, busy)
+
+    def _run(self, task: _Result, busy: list[float]) -> None:
+        """Gather and transform one reserved batch, then post it (or its error) in order."""
+        t0 = time.monotonic()
+        try:
+            batch = self.source.gather(task.ids)
+            t1 = time.monotonic()
+            busy[0] += t1 - t0
+            if self.transform is not None:
+                task.where = "transform"
+                batch = self.transform(batch, task.ids)
+                busy[1] += time.monotonic() - t1
+            task.batch = batch
+        except BaseException as e:
+            task.error = e
+        self._post(task)
 
     def _post(self, result: _Result) -> None:
         with self.lock:
@@ -212,6 +240,37 @@ class _Engine:
 
     # -- consumer --------------------------------------------------------------------------------
 
+    def _inline(self) -> bool:
+        """The consumer, about to wait, gathers the next undispatched batch itself.
+
+        Only when that needs no wait (no worker is dispatching, and window, RAM and budget have
+        room now). A consumer that would otherwise sleep does the work a worker would do, so a
+        producer-bound loop pays no thread hand-off for that batch; order, caps and checkpoints
+        are unchanged (the batch is reserved and posted exactly as a worker's).
+        """
+        if not self.dispatch_lock.acquire(blocking=False):
+            return False
+        try:
+            task = self._dispatch(wait=False)
+        finally:
+            self.dispatch_lock.release()
+        if task is None:
+            return False
+        self._run(task, self.busy[-1])
+        return True
+
+    def _check_alive(self) -> None:
+        """Raise if every worker thread has exited while batches are still owed (called locked)."""
+        if any(t.is_alive() for t in self.threads):
+            return
+        if self.closed or self.end_k is not None or self.next_deliver in self.ready:
+            return
+        raise LoaderError(
+            f"all {len(self.threads)} loader worker threads exited without delivering batch "
+            f"{self.next_deliver} (they were killed or failed outside the loader's error "
+            "handling); the loader cannot continue: close it and create a new one "
+            "(resume=loader.checkpoint() continues after the last delivered batch)")
+
     def take(self, ram_wait_s: float) -> _Result | None:
         """The next batch in order, or None at the end / after close."""
         if os.getpid() != self.pid:
@@ -223,6 +282,18 @@ class _Engine:
             while k not in self.ready:
                 if self.closed or (self.end_k is not None and k >= self.end_k):
                     return None
+                if self.ram_blocked_since is None and self.next_dispatch - k < self.window:
+                    self.lock.release()
+                    try:
+                        ran = self._inline()
+                    finally:
+                        self.lock.acquire()
+                    if ran:
+                        continue
+                    if k in self.ready:
+                        break
+                    if self.closed or (self.end_k is not None and k >= self.end_k):
+                        return None
                 blocked = self.ram_blocked_since
                 if blocked is not None and self.next_dispatch == k:
                     # Nothing in flight and producers paused on the RAM cap: memory the loader
@@ -236,8 +307,8 @@ class _Engine:
                             "flight; free batches the program holds, or raise ram_gb / "
                             "Constraints(max_ram_bytes=...)")
                     self.ready_cv.wait(_RAM_POLL_S * 10)
-                else:
-                    self.ready_cv.wait()
+                elif not self.ready_cv.wait(_LIVENESS_S):
+                    self._check_alive()
             result = self.ready.pop(k)
             self.next_deliver = k + 1
             self.space_cv.notify()
@@ -355,6 +426,7 @@ class Loader:
         self._init_kwargs = {k: v for k, v in locals().items() if k not in ("self", "source")}
         self._engine: _Engine | None = None
         self._closed = False
+        self._ckpt: tuple[str, Callable[[int, int], bytes]] | None = None
         self._timeline: Recorder | None = None
         if timeline is True:  # issue 10: True = the default period, a number = period_s
             self.enable_timeline()
@@ -518,7 +590,11 @@ class Loader:
 
     def checkpoint(self) -> bytes:
         """A token (<= 1 KB) for ``resume=``: continues right after the last delivered batch."""
-        return _checkpoint.encode(self._state(self._position))
+        fp = self.source.fingerprint
+        if self._ckpt is None or self._ckpt[0] != fp:  # serialize the constant part once
+            self._ckpt = (fp, _checkpoint.encoder(self._state(self._position)))
+        pos, n = self._position, self.length
+        return self._ckpt[1](pos, pos // n if n else self._first_epoch)
 
     # -- stats -----------------------------------------------------------------------------------
 
