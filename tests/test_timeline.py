@@ -296,3 +296,36 @@ def test_mix_timeline_counters_survive_a_source_restart():
         series = [s[key] for s in tl["samples"]]
         assert series == sorted(series), key  # cumulative across rebuilt sources
     assert all(s["worker_busy_fraction"] >= 0 for s in tl["samples"])
+
+
+def test_image_loader_timeline_spans_epochs_and_plots(tmp_path):
+    from _images import imagefolder
+
+    imagefolder(tmp_path / "imgs", {"a": 6, "b": 6}, h=24, w=32)
+    with headrace.image(str(tmp_path / "imgs"), batch=4, epochs=2, resize=(16, 16),
+                        threads=1) as ld:
+        tl, batches = _drain_with_timeline(ld)  # one recorder across both epochs' loaders
+        assert tl["kind"] == "image" and batches == 6
+        assert tl["samples"][-1]["delivered_samples_total"] == 24
+        assert max(s["transform_busy_seconds"] for s in tl["samples"]) > 0  # decoding
+        out = headrace.plot(ld, tmp_path / "image.png", dpi=40, width_in=10, height_in=9)
+    _png_ok(out, (400, 360))
+    with headrace.image(str(tmp_path / "imgs"), batch=4, resize=(16, 16),
+                        timeline=3600.0) as ld:
+        n = sum(1 for _ in ld)
+        assert ld.stats_timeline()["records"] == 1 and n == 3
+    with pytest.raises(headrace.ConfigError, match="timeline="):
+        headrace.image(str(tmp_path / "imgs"), batch=4, timeline=-1)
+
+
+def test_a_mix_of_image_loaders_keeps_their_timelines_across_rebuilds(tmp_path):
+    from _images import imagefolder
+
+    imagefolder(tmp_path / "imgs", {"a": 4, "b": 4}, h=24, w=32)
+    sources = [headrace.image(str(tmp_path / "imgs"), batch=4, resize=(16, 16), threads=1,
+                              timeline=1e-9) for _ in range(2)]
+    with headrace.mix(sources, inflight=8 << 20, on_source_exhausted="drop") as m:
+        assert m.stats()["mix_shared_budget"]  # the sources were rebuilt on the shared budget
+        assert sum(1 for _ in m) == 4
+        tl = m.sources[0].stats_timeline()
+    assert tl["kind"] == "image" and tl["samples"][-1]["delivered_batches_total"] == 2

@@ -28,6 +28,7 @@ from ._image_augment import ImageSpec, finish, plan_batch
 from ._image_decode import decode, image_size
 from ._image_sources import ImageRecords, open_image_records
 from ._loader import BatchPlan, Loader
+from ._timeline import TimelineMixin, timeline_period
 
 __all__ = ["ImageLoader", "image"]
 
@@ -140,13 +141,15 @@ class _Decoder:
         return {"images": out[:k], "labels": labels[sel], "ids": ids[sel]}
 
 
-class ImageLoader:
+class ImageLoader(TimelineMixin):
     """Iterates ``(images, labels)`` batches; built by :func:`image` (see it for the arguments).
 
     ``images`` is ``(B, 3, H, W)`` (``layout="NCHW"``) or ``(B, H, W, 3)``, ``float32`` (``/255``,
     then ``mean``/``std``) or ``uint8`` (``float_out=False``); ``labels`` is ``int64[B]`` (``-1``
     for unlabeled records). NumPy arrays, or torch tensors with ``to_torch=True``.
     """
+
+    _timeline_kind = "image"
 
     def __init__(self, dataset_link: Any, *, manifest_store: str | None = None,
                  manifest_path: str | None = None, recursive: bool = True,
@@ -222,6 +225,7 @@ class ImageLoader:
         if o["on_decode_error"] not in _ERROR_POLICIES:
             raise ConfigError(f"on_decode_error={o['on_decode_error']!r} must be 'error' or "
                               "'skip'")
+        timeline_s = timeline_period(o["timeline"])
         start, end = _check_range(o["start"], o["end"])
         spec = ImageSpec.from_kwargs(
             augment=o["augment"], resize=o["resize"], crop=o["crop"],
@@ -257,6 +261,7 @@ class ImageLoader:
             self._closed = True
             self.records.close()
             raise
+        self._start_timeline(timeline_s)  # one recorder for every epoch's Loader
 
     def _init(self, spec: ImageSpec, batch: int, order: str, seed: int, epoch: int,
               epochs: int | None, drop_last: bool, on_decode_error: str, to_torch: bool,
@@ -331,6 +336,7 @@ class ImageLoader:
                 self._epoch += 1
                 if self._closed or (self._end_epoch is not None and self._epoch >= self._end_epoch):
                     self._inner = None
+                    self._end_timeline()
                     raise StopIteration from None
                 self._last = self._open_epoch(self._epoch, None)
                 continue
@@ -342,6 +348,7 @@ class ImageLoader:
             if len(b["ids"]) == 0:
                 continue  # every image of the batch failed to decode (skip policy)
             self.last_ids = b["ids"]
+            self._tick_timeline()
             images, labels = b["images"], b["labels"]
             if self.to_torch:
                 import torch
@@ -436,7 +443,8 @@ class ImageLoader:
         records = self.records
         self._stop()
         new = ImageLoader.__new__(ImageLoader)
-        new._construct(self._data, opts, records=records)
+        new._construct(self._data, {**opts, "timeline": False}, records=records)
+        new._timeline, new._timeline_end = self._timeline, self._timeline_end  # spans rebuilds
         return new
 
     @property
@@ -546,7 +554,8 @@ def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | Non
           runtime: Any = None, rank: int = 0, world_size: int = 1,
           resume: bytes | None = None, start: int | None = None, end: int | None = None,
           store: str | None = None, recursive: bool = True, autopack: bool = False,
-          shard_mb: float = 512, tune: bool | None = None, **options: Any) -> ImageLoader:
+          shard_mb: float = 512, tune: bool | None = None, timeline: bool | float = False,
+          **options: Any) -> ImageLoader:
     """Decoded, augmented image batches from a store, an mx8 pack or a raw image folder.
 
     Example (mx8's README, unchanged)::
@@ -599,6 +608,8 @@ def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | Non
             listed recursively.
         autopack, shard_mb, tune: mx8's; accepted and ignored (raw folders and prefixes are
             decoded without packing; the profile sizes the threads).
+        timeline: record a stats timeline over all epochs (``True``: a snapshot every 0.5 s; a
+            number: the period in seconds) for ``stats_timeline()`` and ``headrace.plot``.
         **options: links only: S3 settings (``endpoint``, ``region``, ``profile``, ...,
             ``s3=S3Options(...)``), ``cache_dir``/``cache_bytes``, ``max_inflight``, ``verify``.
     """
