@@ -9,6 +9,7 @@ worker that SIGKILLs itself after writing its part, a task that raises), as any 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import multiprocessing
 import os
 import shutil
 import signal
@@ -186,7 +187,9 @@ def test_parallel_pack_refuses_a_non_empty_out(arrays, tmp_path):
 
 def test_a_killed_worker_commits_nothing_and_a_rerun_succeeds(tree, single, tmp_path):
     out = tmp_path / "store"
-    with cf.ProcessPoolExecutor(2) as pool, \
+    # forkserver: forking this pytest process trips JAX's at-fork warning once a test imported it
+    ctx = multiprocessing.get_context("forkserver")
+    with cf.ProcessPoolExecutor(2, mp_context=ctx) as pool, \
             pytest.raises(PackWorkerError, match=r"pack task \d of 4 .*worker died") as ei:
         headrace.pack_dir(tree, out=out, executor=_FaultyExecutor(pool, "kill", 1),
                           workers=4, shard_mb=0.01)

@@ -217,8 +217,15 @@ def _task_error(task: PartTask, e: BaseException, out: str) -> PackWorkerError:
         task=task.index, start=task.start, stop=task.stop)
 
 
+# Libraries whose runtimes own native thread pools invisible to ``threading.enumerate()``; JAX
+# also warns from an at-fork hook. With any of them loaded, never fork.
+_FORK_HOSTILE_MODULES = ("jax", "jaxlib", "torch", "tensorflow")
+
+
 def _fork_safe() -> bool:
     """No thread but ours could hold a lock at fork time (tqdm's monitor only sleeps)."""
+    if any(name in sys.modules for name in _FORK_HOSTILE_MODULES):
+        return False
     main = threading.main_thread()
     return threading.current_thread() is main and all(
         t is main or type(t).__name__ == "TMonitor" for t in threading.enumerate())
