@@ -110,7 +110,8 @@ class ByteBudget:
             if nbytes > self._used:
                 raise RuntimeError(f"releasing {nbytes} bytes but only {self._used} are reserved")
             self._used -= nbytes
-            self._cv.notify_all()
+            if self._queue:  # every blocked acquirer holds a ticket; none: nobody to wake
+                self._cv.notify_all()
 
     def close(self) -> None:
         """Wake every waiter; later ``acquire`` calls return False at once."""

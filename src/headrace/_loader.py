@@ -18,6 +18,11 @@ Invariants:
   after the last *delivered* batch, so buffered batches are never counted as consumed.
 * Threads hold a reference to the engine only, never to the ``Loader``: when a loader is dropped
   without ``close()`` its ``weakref.finalize`` stops and joins the threads.
+* A consumer about to wait dispatches and gathers the next batch itself when that needs no wait
+  (``_Engine._inline``): same reservation, same posting, so order, caps and checkpoints do not
+  change; a producer-bound loop then pays no thread hand-off for that batch.
+* A consumer waiting for a batch checks every ``_LIVENESS_S`` that a worker is still alive, so
+  workers killed outside the guarded code give a ``LoaderError``, never a hang.
 """
 
 from __future__ import annotations
@@ -389,7 +394,8 @@ class Loader:
             batches) or ``"drop"``. ``tail`` and ``drop_last`` only matter in epoch mode: an
             endless loader's batches are always full and run across epoch boundaries.
         start, end: read only records ``[start, end)`` (the order maps into that range).
-        transform: ``fn(batch, ids) -> batch``, runs in worker threads.
+        transform: ``fn(batch, ids) -> batch``, runs in worker threads (or in the consumer's,
+            when it gathers a batch itself instead of waiting; see ``docs/memory.md``).
         transform_nbytes: ``fn(n_records) -> bytes`` the transform allocates (counted in the cap).
         threads: worker threads (default: cores, 2..8).
         inflight, ram_gb, queue, prefetch, profile, constraints, runtime: memory and queue knobs,
