@@ -11,6 +11,7 @@ works on the snapshot it started with, and ``refresh`` swaps snapshots atomicall
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal, NamedTuple
@@ -19,6 +20,7 @@ import google_crc32c
 import numpy as np
 
 from headrace import _format
+from headrace._codecs import loop_decoder
 from headrace._errors import ConfigError, RecordIndexError, SchemaError, WriterClosedError
 from headrace._format import FieldSpec, Meta
 from headrace._snapshot import (
@@ -39,7 +41,11 @@ _VERIFY_MODES = ("first", "always", "never")
 _EMPTY = np.empty(0, np.uint8)
 _EMPTY.flags.writeable = False
 _NONE = np.zeros(0, bool)
-_DECODE_INTO_BYTES = 16 << 10  # below this, decode-then-copy is as fast as decoding in place
+# zstd records below this decode in batches (one C call per batch, then a copy into the output);
+# bigger ones decode straight into the output, where the copy would cost more than the call
+_DECODE_MANY_MAX_BYTES = 64 << 10
+# decoded bytes per batch call: bounds the batch API's own output buffer (transient memory)
+_DECODE_MANY_BATCH_BYTES = 256 << 10
 
 
 class Ragged(NamedTuple):
@@ -226,8 +232,9 @@ class Store:
         return NOPOS
 
     def _check_crcs(self, st: Snapshot, f: MappedField, idx: np.ndarray, pos: np.ndarray,
-                    crc: np.ndarray, data: list[np.ndarray]) -> None:
-        got = np.fromiter((google_crc32c.value(d) for d in data), np.uint32, len(data))
+                    crc: np.ndarray, data: list[Any]) -> None:
+        value = google_crc32c.value
+        got = np.array([value(d) for d in data], np.uint32)
         bad = got != crc[pos]
         if bad.any():
             raise corrupt(f.spec, idx[pos[bad]], "stored bytes do not match their crc32c")
@@ -271,14 +278,19 @@ class Store:
         cid, off, ln, nb, crc = self._entries(st, f, idx, check)
         if f.rec >= 0 and f.spec.codec == "raw":
             return self._gather_fixed_raw(st, f, idx, cid, off, ln, crc, check)
-        if len(check):
+        if len(check):  # array slices: google_crc32c refuses memoryviews
+            chunks = st.chunks
             self._check_crcs(st, f, idx, check, crc, [
-                st.chunks[c][o:o + n] if n else _EMPTY for c, o, n in zip(
+                chunks[c][o:o + n] if n else _EMPTY for c, o, n in zip(
                     cid[check].tolist(), off[check].tolist(), ln[check].tolist(), strict=True)])
         out: np.ndarray
         if f.rec >= 0:
-            out = np.zeros((len(idx), f.rec), np.uint8)
-            starts = np.arange(len(idx)) * f.rec
+            # empty, not zeros: every present row is overwritten; only absent rows need zeroing
+            out = np.empty((len(idx), f.rec), np.uint8)
+            starts = np.arange(len(idx), dtype=np.int64) * f.rec
+            absent = ln == 0
+            if absent.any():
+                out[absent] = 0
         else:
             starts = np.zeros(len(idx) + 1, np.int64)
             np.cumsum(nb, out=starts[1:])
@@ -294,34 +306,104 @@ class Store:
     def _copy_records(st: Snapshot, f: MappedField, idx: np.ndarray, cid: np.ndarray,
                       off: np.ndarray, ln: np.ndarray, nb: np.ndarray, starts: np.ndarray,
                       out: memoryview) -> None:
-        """Copies (raw) or decodes each record into ``out`` at ``starts[j]``.
+        """Copies (raw) or decodes each present record into ``out`` at ``starts[j]``.
 
-        The per-record loop works on memoryviews (cheaper to slice than arrays); zstd records of
-        16 KiB and more decode straight into ``out``.
+        Entries are turned into Python ints once (``tolist``) and the loops slice memoryviews
+        (cheaper than arrays). zstd decodes batches of small records in one C call; records of
+        64 KiB and more decode straight into ``out``.
         """
+        present = np.flatnonzero(ln)
+        # None: all present (the common case), no selection copies
+        pos: np.ndarray | None = None if len(present) == len(idx) else present
+        starts = starts[:len(idx)]  # a ragged field's has one more (the end)
+        if f.spec.codec == "raw":
+            views = st.views
+            for c, o, n, s in zip(*_lists(pos, cid, off, ln, starts), strict=True):
+                out[s:s + n] = views[c][o:o + n]
+            return
+        if f.codec.decode_many is not None:
+            pos = Store._decode_many(st, f, idx, cid, off, ln, nb, starts, out, pos)
+            if pos is None or not len(pos):
+                return
+        Store._decode_loop(st, f, idx, cid, off, ln, nb, starts, out, pos)
+
+    @staticmethod
+    def _decode_loop(st: Snapshot, f: MappedField, idx: np.ndarray, cid: np.ndarray,
+                     off: np.ndarray, ln: np.ndarray, nb: np.ndarray, starts: np.ndarray,
+                     out: memoryview, pos: np.ndarray | None) -> None:
+        """Decodes records ``pos`` (None: all, every one present) one by one into ``out``."""
         views = st.views
-        raw = f.spec.codec == "raw"
-        decode, into = f.codec.decode, f.codec.decode_into
-        for j, c, o, n, m, s in zip(range(len(idx)), cid.tolist(), off.tolist(), ln.tolist(),
-                                     nb.tolist(), starts.tolist(), strict=False):
-            if n == 0:
-                continue
-            src = views[c][o:o + n]
-            if raw:
-                out[s:s + n] = src
-                continue
+        decode, into = loop_decoder(f.spec.codec), f.codec.decode_into
+        big = _DECODE_MANY_MAX_BYTES if into is not None else 1 << 62
+        j = 0
+        try:
+            # a wrong decoded size fails the slice assignment (ValueError): no length check here
+            for j, c, o, n, m, s in zip(range(len(idx)), *_lists(pos, cid, off, ln, nb, starts),  # noqa: B007
+                                        strict=False):
+                if m < big:
+                    out[s:s + m] = decode(views[c][o:o + n], m)
+                else:
+                    into(views[c][o:o + n], out[s:s + m])  # type: ignore[misc]
+        except Exception as e:
+            k = j if pos is None else int(pos[j])
+            raise Store._decode_error(st, f, idx, cid, off, ln, nb, k, e) from e
+
+    @staticmethod
+    def _decode_error(st: Snapshot, f: MappedField, idx: np.ndarray, cid: np.ndarray,
+                      off: np.ndarray, ln: np.ndarray, nb: np.ndarray, k: int,
+                      e: Exception) -> Exception:
+        """The ``CorruptionError`` for record ``k`` of a batch whose decode raised ``e``."""
+        c, o, n, m = int(cid[k]), int(off[k]), int(ln[k]), int(nb[k])
+        if not isinstance(e, ValueError) or (f.codec.decode_into is not None
+                                             and m >= _DECODE_MANY_MAX_BYTES):
+            return corrupt(f.spec, idx[k:k + 1], f"{f.spec.codec} data does not decode "
+                           f"({type(e).__name__}: {e})")
+        try:  # the slice assignment failed: decode again for the size (or the codec's error)
+            dec = f.codec.decode(st.views[c][o:o + n], m)
+        except Exception as e2:
+            return corrupt(f.spec, idx[k:k + 1], f"{f.spec.codec} data does not decode "
+                           f"({type(e2).__name__}: {e2})")
+        return corrupt(f.spec, idx[k:k + 1], f"decodes to {len(dec)} bytes, expected {m}")
+
+    @staticmethod
+    def _decode_many(st: Snapshot, f: MappedField, idx: np.ndarray, cid: np.ndarray,
+                     off: np.ndarray, ln: np.ndarray, nb: np.ndarray, starts: np.ndarray,
+                     out: memoryview, pos: np.ndarray | None) -> np.ndarray | None:
+        """Decodes the small present records with the codec's batch API.
+
+        Batches hold at most ``_DECODE_MANY_BATCH_BYTES`` decoded bytes (the batch API allocates
+        its own output, copied into ``out``: this bounds that transient memory). A batch that
+        fails is decoded again record by record, which names the damaged record.
+
+        Returns:
+            Positions left to decode one by one (large records), or None/empty when done.
+        """
+        assert f.codec.decode_many is not None
+        sel = np.arange(len(idx)) if pos is None else pos
+        small = nb[sel] < _DECODE_MANY_MAX_BYTES
+        rest = sel[~small]
+        if len(rest):
+            sel = sel[small]
+        if not len(sel):
+            return rest
+        m_s = nb[sel]
+        # batch boundaries: where the running decoded size crosses a multiple of the batch size
+        cuts = np.flatnonzero(np.diff(np.cumsum(m_s) // _DECODE_MANY_BATCH_BYTES)) + 1
+        bounds = [0, *cuts.tolist(), len(sel)]
+        sizes = m_s.astype(np.uint64)
+        views = st.views
+        c_l, o_l, n_l, m_l, s_l = _lists(sel, cid, off, ln, nb, starts)
+        for a, b in itertools.pairwise(bounds):
+            frames = [views[c][o:o + n] for c, o, n in zip(c_l[a:b], o_l[a:b], n_l[a:b],
+                                                           strict=True)]
             try:
-                if into is not None and m >= _DECODE_INTO_BYTES:
-                    into(src, out[s:s + m])
-                    continue
-                dec = decode(src, m)
-                if len(dec) == m:
-                    out[s:s + m] = dec
-                    continue
-            except Exception as e:
-                raise corrupt(f.spec, idx[j:j + 1], f"{f.spec.codec} data does not decode "
-                              f"({type(e).__name__}: {e})") from e
-            raise corrupt(f.spec, idx[j:j + 1], f"decodes to {len(dec)} bytes, expected {m}")
+                got = f.codec.decode_many(frames, sizes[a:b])
+            except Exception:
+                Store._decode_loop(st, f, idx, cid, off, ln, nb, starts, out, sel[a:b])
+                continue
+            for s, m, dec in zip(s_l[a:b], m_l[a:b], got, strict=True):
+                out[s:s + m] = dec
+        return rest
 
     def _as_fixed(self, f: MappedField, rows: np.ndarray) -> np.ndarray:
         shape = f.spec.shape or ()
@@ -422,6 +504,13 @@ class Store:
         if len(check):
             self._check_crcs(st, f, idx, check, crc, [views[j] for j in check.tolist()])
         return views
+
+
+def _lists(pos: np.ndarray | None, *cols: np.ndarray) -> list[list[int]]:
+    """``cols`` (all, or at positions ``pos``) as lists of Python ints, for per-record loops."""
+    if pos is None:
+        return [c.tolist() for c in cols]
+    return [c[pos].tolist() for c in cols]
 
 
 def open(path: str | os.PathLike[str], *, mode: str = "r", verify: VerifyMode = "first") -> Any:
