@@ -234,6 +234,8 @@ class _Engine:
 
     def _post(self, result: _Result) -> None:
         with self.lock:
+            if self.closed:  # e.g. a consumer's inline gather that close() overtook: drop it
+                return
             self.ready[result.k] = result
             if len(self.ready) > self.counters.queue_high_water:
                 self.counters.queue_high_water = len(self.ready)
