@@ -142,7 +142,8 @@ class _Decoder:
 
 
 class ImageLoader(TimelineMixin):
-    """Iterates ``(images, labels)`` batches; built by :func:`image` (see it for the arguments).
+    """Iterates ``(images, labels)`` batches; built by :func:`image` (see it for the arguments)
+    or with mx8's long-name constructor (``ImageLoader(dataset_link, batch_size_samples=...)``).
 
     ``images`` is ``(B, 3, H, W)`` (``layout="NCHW"``) or ``(B, H, W, 3)``, ``float32`` (``/255``,
     then ``mean``/``std``) or ``uint8`` (``float_out=False``); ``labels`` is ``int64[B]`` (``-1``
