@@ -3,7 +3,9 @@
 A ``Store`` holds one ``Snapshot`` (``_snapshot.py``): the commit it loaded at open or at the last
 ``refresh()``, every file of it mapped. It keeps working when a writer later commits, and readers
 never lock. Fixed-shape raw fields read with one ``numpy.take`` over all their chunks mapped back to
-back; ragged and compressed fields copy or decode record by record into one preallocated buffer.
+back; ragged and compressed fields copy or decode into one preallocated buffer: a tight loop over
+Python ints and memoryview slices, except zstd, whose small records decode in batches (one C call
+per batch, ``Codec.decode_many``).
 
 Thread-safety: ``gather``/``record``/``views``/``nbytes`` may be called from many threads; each call
 works on the snapshot it started with, and ``refresh`` swaps snapshots atomically.
@@ -380,13 +382,14 @@ class Store:
         """
         assert f.codec.decode_many is not None
         sel = np.arange(len(idx)) if pos is None else pos
-        small = nb[sel] < _DECODE_MANY_MAX_BYTES
+        m_s = nb[sel]
+        # a (damaged) size of 0 would mean "size unknown" to the batch API: decode it alone
+        small = (m_s < _DECODE_MANY_MAX_BYTES) & (m_s > 0)
         rest = sel[~small]
         if len(rest):
-            sel = sel[small]
+            sel, m_s = sel[small], m_s[small]
         if not len(sel):
             return rest
-        m_s = nb[sel]
         # batch boundaries: where the running decoded size crosses a multiple of the batch size
         cuts = np.flatnonzero(np.diff(np.cumsum(m_s) // _DECODE_MANY_BATCH_BYTES)) + 1
         bounds = [0, *cuts.tolist(), len(sel)]
@@ -398,11 +401,10 @@ class Store:
                                                            strict=True)]
             try:
                 got = f.codec.decode_many(frames, sizes[a:b])
+                for s, m, dec in zip(s_l[a:b], m_l[a:b], got, strict=True):
+                    out[s:s + m] = dec
             except Exception:
                 Store._decode_loop(st, f, idx, cid, off, ln, nb, starts, out, sel[a:b])
-                continue
-            for s, m, dec in zip(s_l[a:b], m_l[a:b], got, strict=True):
-                out[s:s + m] = dec
         return rest
 
     def _as_fixed(self, f: MappedField, rows: np.ndarray) -> np.ndarray:
