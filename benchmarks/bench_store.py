@@ -15,6 +15,8 @@ Per codec it reports:
   machine state. Each reader gets its own random draw (the same indices would be in the CPU cache
   for whoever reads them second); the store gets them unsorted, as a sampler produces them.
   Throughput is the batch size over the median batch time (robust on a shared machine).
+* threaded: ``--threads`` threads gathering random batches at once, as the loader's workers do
+  (a decoder that holds the GIL per record does not scale with threads).
 
 The goal for ``raw`` is >= 0.90x NumPy's rows/s.
 """
@@ -93,7 +95,7 @@ def dir_bytes(path: Path) -> int:
 
 
 def bench_codec(store_path: Path, mm: np.ndarray, *, batch: int, batches: int,
-                seed: int) -> dict[str, float]:
+                seed: int, threads: int) -> dict[str, float]:
     n = mm.shape[0]
     with headrace.open(store_path, verify="first") as st:
         perm = np.random.default_rng(seed).permutation(n)
@@ -122,8 +124,22 @@ def bench_codec(store_path: Path, mm: np.ndarray, *, batch: int, batches: int,
                 out = readers[name](idx)
                 times[name][k] = time.perf_counter() - t
                 del out
+        # Threads gathering at once, as the loader's workers do: decoders that hold the GIL
+        # per record do not scale; best of 3 rounds of 64 batches per thread.
+        threaded = 0.0
+        if threads > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            work = [rng.integers(0, n, size=batch) for _ in range(64 * threads)]
+            with ThreadPoolExecutor(threads) as ex:
+                best = float("inf")
+                for _ in range(3):
+                    t = time.perf_counter()
+                    list(ex.map(lambda i: st.gather(i)["x"], work))
+                    best = min(best, time.perf_counter() - t)
+            threaded = len(work) * batch / best
     # Medians of per-batch times: robust to the other processes sharing the machine.
-    return {"first": first, **{name: batch / float(np.median(t)) for name, t in times.items()}}
+    return {"first": first, "threaded": threaded,
+            **{name: batch / float(np.median(t)) for name, t in times.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, default=3000, help="timed steady-state batches")
     p.add_argument("--codecs", default="raw,zstd,lz4,deflate")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2,
+                   help="threads gathering at once for the threaded column (1: skip it)")
     args = p.parse_args(argv)
 
     npy = ensure_npy(args.rows, args.row_bytes)
@@ -147,26 +165,30 @@ def main(argv: list[str] | None = None) -> int:
     print(f"random gather, {args.batch} x {args.row_bytes} B rows from {args.rows:,} "
           f"(page cache warm; median of {args.batches} batches)\n")
     header = ("| reader | on disk | size vs .npy | first pass rows/s (verifies) | "
-              "steady rows/s | steady MB/s | vs numpy sorted | vs numpy unsorted |")
+              "steady rows/s | steady MB/s | vs numpy sorted | vs numpy unsorted | "
+              f"{args.threads} threads rows/s |")
     print(header)
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     numpy_rates = []
     unsorted_rates = []
     for codec in codecs:
         r = bench_codec(stores[codec], mm, batch=args.batch, batches=args.batches,
-                        seed=args.seed)
+                        seed=args.seed, threads=args.threads)
         numpy_rates.append(r["numpy"])
         unsorted_rates.append(r["numpy_unsorted"])
         size = dir_bytes(stores[codec])
         print(f"| headrace {codec} | {size / 1e6:,.0f} MB | {size / npy_bytes:.2f}x | "
               f"{r['first']:,.0f} | {r['store']:,.0f} | "
               f"{r['store'] * args.row_bytes / 1e6:,.0f} | {r['store'] / r['numpy']:.2f}x | "
-              f"{r['store'] / r['numpy_unsorted']:.2f}x |")
+              f"{r['store'] / r['numpy_unsorted']:.2f}x | "
+              f"{r['threaded']:,.0f} ({r['threaded'] / max(r['store'], 1e-9):.1f}x) |")
     for label, rates in (("[sorted_idx]", numpy_rates), ("[idx] (unsorted)", unsorted_rates)):
         rate = float(np.median(rates))
         print(f"| numpy.load(mmap_mode='r'){label} | {npy_bytes / 1e6:,.0f} MB | 1.00x | - | "
-              f"{rate:,.0f} | {rate * args.row_bytes / 1e6:,.0f} | | |")
-    print("\n'vs numpy' compares with the NumPy batches timed in the same loop (interleaved); "
+              f"{rate:,.0f} | {rate * args.row_bytes / 1e6:,.0f} | | | |")
+    print(f"\n'{args.threads} threads': rows/s of {args.threads} threads gathering at once (best "
+          "of 3 rounds); in brackets, the ratio to the one-thread steady rows/s.")
+    print("'vs numpy' compares with the NumPy batches timed in the same loop (interleaved); "
           "NumPy's rows/s above are the medians over the codec loops.")
     return 0
 
