@@ -128,6 +128,55 @@ class Snapshot:
     limits: dict[str, np.ndarray]
     verified: Verified = field(default_factory=lambda: Verified({}, 0))
     views: dict[int, memoryview] = field(default_factory=dict)  # chunk id -> memoryview of chunks
+    # field -> (first record id of each run, virtual-row shift of each run) when the field's index
+    # is the plain appended layout, else None; computed once per snapshot (see sequential_layout)
+    layouts: dict[str, tuple[np.ndarray, np.ndarray] | None] = field(default_factory=dict)
+
+
+# Scanning a larger index once to prove it sequential costs more than it would save.
+SEQUENTIAL_SCAN_MAX_RECORDS = 1 << 24
+
+
+def sequential_layout(st: Snapshot, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """Whether record i of fixed-shape raw field ``name`` sits at virtual row ``i + shift``.
+
+    That holds for a field filled by appends only (no modify/delete since the last compact): the
+    records of a chunk are consecutive ids at consecutive rows, so the whole index reduces to one
+    shift per chunk run, and a gather needs no random reads of the index at all (one
+    ``searchsorted`` over the run starts instead). The scan also proves every entry valid (full
+    length, inside its chunk), which is what the per-record index check would establish.
+
+    Returns:
+        ``(starts, shifts)``: run ``k`` covers ids ``starts[k] <= i < starts[k+1]`` at virtual rows
+        ``i + shifts[k]``; or ``None`` when the layout is not sequential (use the index).
+    """
+    if name in st.layouts:
+        return st.layouts[name]
+    result: tuple[np.ndarray, np.ndarray] | None = None
+    f = st.fields[name]
+    virtual = st.vrows.get(name)
+    n = len(f.index)
+    if (virtual is not None and 0 < n <= SEQUENTIAL_SCAN_MAX_RECORDS and f.rec > 0
+            and n == st.meta.length):
+        vrows, vstart, _ = virtual
+        ent = f.index_u4
+        cid = ent[:, 0].astype(np.int64)
+        off = ent[:, 1].astype(np.int64) | (ent[:, 2].astype(np.int64) << 32)
+        ok = bool((ent[:, 3] == f.rec).all()) and bool((off % f.rec == 0).all()) \
+            and bool((cid < len(vstart)).all())
+        if ok:
+            start = vstart[cid]
+            ok = bool((start >= 0).all())
+            if ok:
+                rows = start + off // f.rec
+                ok = bool((rows < len(vrows)).all()) and bool((np.diff(rows) > 0).all())
+                if ok:
+                    shift = rows - np.arange(n, dtype=np.int64)
+                    cut = np.flatnonzero(np.diff(shift)) + 1  # a new run where the shift changes
+                    starts = np.concatenate([[0], cut]).astype(np.int64)
+                    result = (starts, shift[starts])
+    st.layouts[name] = result
+    return result
 
 
 def load_snapshot(path: str) -> Snapshot:

@@ -34,6 +34,7 @@ from headrace._snapshot import (
     corrupt,
     fetch,
     load_snapshot,
+    sequential_layout,
 )
 
 __all__ = ["Ragged", "Store", "open"]
@@ -267,6 +268,14 @@ class Store:
             # Steady state of a fixed-shape raw field: every entry was checked before (they do
             # not change within a generation), so this is an index lookup and one take.
             vrows, vstart, small = virtual
+            layout = sequential_layout(st, f.spec.name)
+            if layout is not None:  # appended in order: no index reads at all
+                starts, shifts = layout
+                if len(starts) == 1:
+                    rows = idx + shifts[0] if shifts[0] else idx
+                else:
+                    rows = idx + shifts.take(np.searchsorted(starts, idx, side="right") - 1)
+                return self._as_fixed(f, vrows.take(rows, axis=0))
             ent = f.index_u4.take(idx, axis=0).T.copy()  # rows: chunk, offset lo, hi, length
             if small:  # every chunk is under 4 GiB: valid offsets fit the low word
                 rows = vstart.take(ent[0]) + ent[1] // f.rec

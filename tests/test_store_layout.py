@@ -1,0 +1,72 @@
+"""The sequential-layout fast path of fixed-shape raw gathers (no index reads in steady state)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import headrace
+
+
+def _make(path, n=3000, rec=1000):
+    rng = np.random.default_rng(7)
+    x = rng.integers(0, 255, size=(n, rec), dtype=np.uint8)
+    y = np.arange(n, dtype=np.int64) * 3
+    with headrace.create(path, fields={"x": {"dtype": "uint8", "shape": [rec]},
+                                       "y": "int64"}, chunk_mb=1) as w:
+        for s in range(0, n, 700):  # several appends and several chunks per field
+            w.append({"x": x[s:s + 700], "y": y[s:s + 700]})
+    return x, y
+
+
+def _gather_all_ways(st, x, y, rng):
+    for _ in range(20):
+        ids = rng.integers(0, len(x), size=257)
+        got = st.gather(ids)
+        np.testing.assert_array_equal(got["x"], x[ids])
+        np.testing.assert_array_equal(got["y"], y[ids])
+
+
+def test_appended_store_takes_the_sequential_path_and_reads_right(tmp_path):
+    x, y = _make(tmp_path / "s")
+    rng = np.random.default_rng(0)
+    with headrace.open(tmp_path / "s") as st:
+        st.gather(np.arange(len(x)))  # first read: checksums and entries verified
+        _gather_all_ways(st, x, y, rng)
+        layout = st._st.layouts["x"]
+        assert layout is not None and len(layout[0]) > 1  # several chunk runs
+        assert st._st.layouts["y"] is not None
+
+
+def test_modified_and_deleted_stores_fall_back_to_the_index(tmp_path):
+    x, y = _make(tmp_path / "s")
+    x, y = x.copy(), y.copy()
+    with headrace.open(tmp_path / "s", mode="a") as w:
+        w.modify(5, {"x": np.full(1000, 9, np.uint8), "y": 42})
+        w.delete(10)  # the last record moves to id 10
+    x[5], y[5] = 9, 42
+    x[10], y[10] = x[-1], y[-1]
+    x, y = x[:-1], y[:-1]
+    rng = np.random.default_rng(1)
+    with headrace.open(tmp_path / "s") as st:
+        st.gather(np.arange(len(x)))
+        _gather_all_ways(st, x, y, rng)
+        assert st._st.layouts["x"] is None
+    with headrace.open(tmp_path / "s", mode="a") as w:
+        w.compact()  # rewritten into fresh chunks (in storage order, not necessarily id order)
+    with headrace.open(tmp_path / "s") as st:
+        st.gather(np.arange(len(x)))
+        _gather_all_ways(st, x, y, rng)
+
+
+def test_absent_records_are_not_sequential_and_read_as_zeros(tmp_path):
+    with headrace.create(tmp_path / "s", fields={"x": {"dtype": "uint8", "shape": [8]},
+                                                 "y": "int64"}) as w:
+        w.append({"x": np.ones((4, 8), np.uint8), "y": np.arange(4)})
+        w.append({"y": np.arange(4, 6)})  # x left out: length-0 entries
+    with headrace.open(tmp_path / "s") as st:
+        st.gather(np.arange(6))
+        got = st.gather([5, 0, 4, 1])
+        assert st._st.layouts["x"] is None
+        np.testing.assert_array_equal(got["x"][[0, 2]], 0)
+        np.testing.assert_array_equal(got["x"][[1, 3]], 1)
+        np.testing.assert_array_equal(got["y"], [5, 0, 4, 1])
