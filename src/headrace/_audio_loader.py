@@ -21,6 +21,7 @@ import numpy as np
 
 from ._audio import decode_audio, fit_channels, fit_length, resample
 from ._errors import ConfigError, DecodeError, LoaderError
+from ._lifecycle import ClosingMixin
 from ._loader import Loader
 from ._media_sources import MediaFiles, open_media
 from ._timeline import TimelineMixin, timeline_period
@@ -93,7 +94,7 @@ class _Decoder:
         return {"samples": out, "labels": labels, "sample_rates_hz": rates, "ids": ids}
 
 
-class AudioLoader(TimelineMixin):
+class AudioLoader(TimelineMixin, ClosingMixin):
     """Iterates ``(samples, labels)`` batches; built by :func:`audio` (see it for the arguments).
 
     ``samples`` is ``float32[B, channels, sample_count]``, ``labels`` ``int64[B]`` (``-1`` for
@@ -244,18 +245,6 @@ class AudioLoader(TimelineMixin):
         if inner is not None:
             inner.close()
         self.files.close()
-
-    def __enter__(self) -> AudioLoader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         return (f"AudioLoader({self.files!r}, batch={self.batch_size}, "

@@ -27,6 +27,7 @@ from ._errors import ConfigError, DecodeError, LoaderError
 from ._image_augment import ImageSpec, finish, plan_batch
 from ._image_decode import decode, image_size
 from ._image_sources import ImageRecords, open_image_records
+from ._lifecycle import ClosingMixin
 from ._loader import BatchPlan, Loader
 from ._timeline import TimelineMixin, timeline_period
 
@@ -141,7 +142,7 @@ class _Decoder:
         return {"images": out[:k], "labels": labels[sel], "ids": ids[sel]}
 
 
-class ImageLoader(TimelineMixin):
+class ImageLoader(TimelineMixin, ClosingMixin):
     """Iterates ``(images, labels)`` batches; built by :func:`image` (see it for the arguments)
     or with mx8's long-name constructor (``ImageLoader(dataset_link, batch_size_samples=...)``).
 
@@ -459,18 +460,6 @@ class ImageLoader(TimelineMixin):
     def config(self) -> Any:
         """The resolved memory settings (``max_inflight_bytes``, ...) of the running epoch."""
         return (self._inner or self._last).config
-
-    def __enter__(self) -> ImageLoader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         return (f"ImageLoader({self.records!r}, batch={self.batch_size}, out={self.item_shape}, "

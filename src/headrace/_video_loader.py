@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import ConfigError, DecodeError, LoaderError
+from ._lifecycle import ClosingMixin
 from ._loader import Loader
 from ._media_sources import MediaFiles, open_media
 from ._timeline import TimelineMixin, timeline_period
@@ -204,7 +205,7 @@ class _Decoder:
         return {"frames": out, **batch}
 
 
-class VideoLoader(TimelineMixin):
+class VideoLoader(TimelineMixin, ClosingMixin):
     """Iterates clip batches; built by :func:`video` (see it for the arguments).
 
     Each batch is a dict: ``frames`` uint8 ``(B, clip, H, W, 3)`` RGB, ``clip_ids`` int64,
@@ -398,18 +399,6 @@ class VideoLoader(TimelineMixin):
         if inner is not None:
             inner.close()
         self.files.close()
-
-    def __enter__(self) -> VideoLoader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         return (f"VideoLoader({self.files!r}, clips={len(self.index)}, clip={self.index.clip}, "
