@@ -77,7 +77,7 @@ class ByteBudget:
         with self._cv:
             if self._closed:
                 return False
-            if not self._queue and self._used + nbytes <= self.cap_bytes:
+            if not self._queue and self._allowed(nbytes):
                 self._take(nbytes)
                 return True
             ticket = self._next_ticket
@@ -86,7 +86,7 @@ class ByteBudget:
             start = time.monotonic()
             try:
                 while not self._closed:
-                    if self._queue[0] == ticket and self._used + nbytes <= self.cap_bytes:
+                    if self._queue[0] == ticket and self._allowed(nbytes):
                         self._take(nbytes)
                         return True
                     remaining = None if deadline is None else deadline - time.monotonic()
@@ -98,6 +98,10 @@ class ByteBudget:
                 self._queue.remove(ticket)
                 self._wait_s += time.monotonic() - start
                 self._cv.notify_all()  # the next ticket may now be at the head
+
+    def _allowed(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more fit now (a subclass may share a larger pool)."""
+        return self._used + nbytes <= self.cap_bytes
 
     def _take(self, nbytes: int) -> None:
         self._used += nbytes

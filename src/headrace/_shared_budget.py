@@ -18,7 +18,6 @@ that is what keeps every source able to deliver its next batch whatever the othe
 from __future__ import annotations
 
 import threading
-import time
 
 from headrace._budget import ByteBudget
 from headrace._errors import ConfigError
@@ -126,36 +125,6 @@ class BudgetShare(ByteBudget):
         before = max(0, self._used - self.reserve_bytes)
         after = max(0, self._used + nbytes - self.reserve_bytes)
         return p._overflow - before + after <= p.pool_bytes
-
-    def acquire(self, nbytes: int, *, timeout_s: float | None = None) -> bool:
-        if nbytes < 0:
-            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-        self.check_fits(nbytes)
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._cv:
-            if self._closed:
-                return False
-            if not self._queue and self._allowed(nbytes):
-                self._take(nbytes)
-                return True
-            ticket = self._next_ticket
-            self._next_ticket += 1
-            self._queue.append(ticket)
-            start = time.monotonic()
-            try:
-                while not self._closed:
-                    if self._queue[0] == ticket and self._allowed(nbytes):
-                        self._take(nbytes)
-                        return True
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        return False
-                    self._cv.wait(remaining)
-                return False
-            finally:
-                self._queue.remove(ticket)
-                self._wait_s += time.monotonic() - start
-                self._cv.notify_all()
 
     def _take(self, nbytes: int) -> None:
         p = self.parent
