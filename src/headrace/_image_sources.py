@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import ConfigError, CorruptionError, RecordIndexError
+from ._walk import list_files
 
 __all__ = ["IMAGE_EXTENSIONS", "FolderImages", "ImageRecords", "Mx8PackImages", "RawImages",
            "Scan", "StoreImages", "decode_label", "encode_label", "is_image_folder",
@@ -181,39 +182,12 @@ def scan_tree(root: str, *, label_mode: str | None = "auto", require_labels: boo
     root = os.path.abspath(root)
     if not os.path.isdir(root):
         raise FileNotFoundError(f"in_dir must be a directory: {root!r} is not one")
-    excl = os.path.abspath(exclude) if exclude is not None else None
-    found: list[tuple[bytes, str, int, int]] = []
-    hidden = non_image = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        if excl is not None:
-            dirnames[:] = [d for d in dirnames if os.path.join(dirpath, d) != excl]
-        rel_dir = os.path.relpath(dirpath, root)
-        parts = [] if rel_dir == "." else rel_dir.split(os.sep)
-        in_hidden = any(p.startswith(".") for p in parts)
-        for name in filenames:
-            full = os.path.join(dirpath, name)
-            if in_hidden or name.startswith("."):
-                hidden += 1
-                continue
-            if os.path.splitext(name)[1].lower() not in IMAGE_EXTENSIONS:
-                non_image += 1
-                continue
-            try:
-                st = os.stat(full)
-            except FileNotFoundError:  # vanished during the walk
-                continue
-            if not os.path.isfile(full):
-                continue
-            rel = "/".join([*parts, name])
-            found.append((os.fsencode(rel), rel, st.st_size, st.st_mtime_ns))
-    found.sort(key=lambda t: t[0])
-    paths = [t[1] for t in found]
-    sizes = np.fromiter((t[2] for t in found), np.int64, len(found))
-    mtimes = np.fromiter((t[3] for t in found), np.int64, len(found))
+    listing = list_files(root, IMAGE_EXTENSIONS, exclude=exclude)
+    paths = listing.paths
     labels, classes, note = label_paths(paths, mode=mode, require_labels=require_labels,
                                         root=root)
-    return Scan(root, paths, sizes, labels, classes,
-                {"hidden": hidden, "non_image": non_image}, note, mtimes)
+    return Scan(root, paths, listing.sizes, labels, classes,
+                {"hidden": listing.hidden, "non_image": listing.other}, note, listing.mtimes_ns)
 
 
 # -- what the image loader reads ---------------------------------------------------------------------

@@ -22,6 +22,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ._errors import ConfigError, RecordIndexError, StoreExistsError
+from ._walk import list_files
 
 __all__ = ["AUDIO_EXTENSIONS", "VIDEO_EXTENSIONS", "FolderMedia", "MediaFiles", "StoreMedia",
            "ViewReader", "open_media", "pack_media", "scan_media"]
@@ -118,30 +119,8 @@ def scan_media(root: str, *, kind: str, labels: bool | None = None,
     root = os.path.abspath(root)
     if not os.path.isdir(root):
         raise FileNotFoundError(f"no such folder {root!r}")
-    excl = os.path.abspath(exclude) if exclude is not None else None
-    found: list[tuple[bytes, str, int]] = []
-    hidden = other = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        if excl is not None:
-            dirnames[:] = [d for d in dirnames if os.path.join(dirpath, d) != excl]
-        rel_dir = os.path.relpath(dirpath, root)
-        parts = [] if rel_dir == "." else rel_dir.split(os.sep)
-        in_hidden = any(p.startswith(".") for p in parts)
-        for name in filenames:
-            if in_hidden or name.startswith("."):
-                hidden += 1
-                continue
-            if os.path.splitext(name)[1].lower() not in exts:
-                other += 1
-                continue
-            full = os.path.join(dirpath, name)
-            if not os.path.isfile(full):
-                continue
-            rel = "/".join([*parts, name])
-            found.append((os.fsencode(rel), rel, os.stat(full).st_size))
-    found.sort(key=lambda t: t[0])
-    paths = [t[1] for t in found]
-    sizes = np.fromiter((t[2] for t in found), np.int64, len(found))
+    listing = list_files(root, exts, exclude=exclude)
+    paths, sizes = listing.paths, listing.sizes
     label_ids = np.full(len(paths), -1, np.int64)
     classes = None
     top = [p for p in paths if "/" not in p]
@@ -155,7 +134,7 @@ def scan_media(root: str, *, kind: str, labels: bool | None = None,
         cid = {c: i for i, c in enumerate(classes)}
         label_ids = np.fromiter((cid[c] for c in first), np.int64, len(first))
     return MediaScan(root, paths, sizes, label_ids, classes,
-                     {"hidden": hidden, f"non_{kind}": other})
+                     {"hidden": listing.hidden, f"non_{kind}": listing.other})
 
 
 # -- records ----------------------------------------------------------------------------------------
