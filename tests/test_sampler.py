@@ -256,6 +256,91 @@ def test_shuffle_huge_n_spot_checks(n):
     assert np.unique(nxt).size == pos.size and not np.array_equal(nxt, out)
 
 
+def _per_element(o, positions):
+    """Reference ids: the Feistel network with per-element round keys and array cycle-walks."""
+    from headrace._shuffle import _round_keys
+
+    pos = np.asarray(positions, dtype=np.uint64)
+    epochs = pos // np.uint64(o.length)
+    keys = _round_keys(o._key, epochs)
+    return o._walk_keys(pos - epochs * np.uint64(o.length), keys, same=False)
+
+
+# N just above SMALL_MAX (a = 128: 127 strays an epoch), a*b - 2 (2 strays), a*b (none),
+# 2**20 + 1 (a = 2048: 2047 strays), 2**27 + 1 and 2**29 + 1 (a = 2**14, 2**15: wider than a
+# memoized block, so a block is part of one row)
+FAST_PATH_N = [4097, 4222, 4224, 10007, 65537, 2**20 - 1, 2**20 + 1, 2**27 + 1, 2**29 + 1]
+
+
+@pytest.mark.parametrize("n", FAST_PATH_N)
+def test_shuffle_fast_paths_equal_the_per_element_network(n):
+    # the memoized blocks (epoch-aligned rows, stray offsets known per epoch), the table pass with
+    # the walk table, and the per-element round keys must give the same id at every position
+    for seed in (0, 5, 2**64 - 1):
+        o = make_order("shuffle", n, seed=seed)
+        starts = [0, n - 4000, 7 * n - 9000, 2**33 * n + 8192 - 300]
+        if n < 70_000:
+            starts.append(n)  # a whole epoch in consecutive batches
+        for p0 in starts:
+            total = n if p0 == n else 12_000  # straddles blocks (8192) and, for some, epochs
+            want = _per_element(o, np.arange(p0, p0 + total, dtype=np.uint64))
+            batches = [o.range(p0 + k, min(256, total - k)) for k in range(0, total, 256)]
+            assert np.array_equal(np.concatenate(batches), want), (n, seed, p0)
+            odd = [o.range(p0 + k, min(1000, total - k)) for k in range(0, total, 1000)]
+            assert np.array_equal(np.concatenate(odd), want), (n, seed, p0)
+            assert np.array_equal(o.range(p0, total), want), (n, seed, p0)  # one table pass
+        pos = np.random.default_rng(seed % 97).integers(0, 3 * n, size=3000, dtype=np.uint64)
+        assert np.array_equal(o.indices(pos), _per_element(o, pos)), (n, seed)
+
+
+def test_shuffle_walk_table_with_a_cycle_of_strays_only():
+    # N = 4097, seed 0: epoch 10 has a stray v >= N with F(v) == v (221: a 2-cycle of strays).
+    # No offset maps onto it, its walk never ends: the walk table must stop there, not loop.
+    n = 4097
+    o = make_order("shuffle", n, seed=0)
+    for epoch in (10, 221):
+        tables = o._epoch_tables(epoch)
+        assert (tables.walk >= n).any()
+        got = np.concatenate([o.range(epoch * n + k, 256) for k in range(0, n, 256)])[:n]
+        want = _per_element(o, np.arange(epoch * n, epoch * n + n, dtype=np.uint64))
+        assert np.array_equal(got, want)
+        assert np.array_equal(np.sort(got), np.arange(n))
+
+
+@pytest.mark.parametrize("n", [4097, 10007, 2**20 + 1])
+def test_shuffle_inverse_network_and_stray_sources(n):
+    o = make_order("shuffle", n, seed=3)
+    tables = o._epoch_tables(2)
+    ab = o._a * o._b
+    y = np.arange(ab, dtype=np.int64) if ab < 100_000 else \
+        np.random.default_rng(0).integers(0, ab, size=100_000)
+    x = o._inverse(y, tables.rounds, tables.fa0)
+    assert np.array_equal(o._feistel_tables(x.copy(), tables.rounds, tables.merge), y)
+    # the stray sources: exactly the offsets < N whose image is >= N, with their walked ids
+    if ab < 100_000:
+        img = o._feistel_tables(np.arange(n, dtype=np.int64), tables.rounds, tables.merge)
+        assert np.array_equal(tables.src, np.flatnonzero(img >= n))
+    want = _per_element(o, tables.src.astype(np.uint64) + np.uint64(2 * n))
+    assert np.array_equal(tables.dst, want)
+
+
+def test_short_range_fast_path_keeps_validation_and_fresh_arrays():
+    for mode in MODES:
+        o = make_order(mode, 20_000, seed=1)
+        a = o.range(300, 256)  # memoizes the block holding 300
+        b = o.range(300, 256)
+        assert np.array_equal(a, b) and not np.shares_memory(a, b)
+        a[:] = -1
+        assert (o.range(300, 256) >= 0).all()
+        with pytest.raises(ConfigError, match="positions"):
+            o.range(300, -1)
+        with pytest.raises(ConfigError, match="positions"):
+            o.range(-1, 3)
+        out = np.empty(256, dtype=np.int64)
+        assert o.range(300, 256, out=out) is out and np.array_equal(out, b)
+        assert o.range(300, 0).shape == (0,)
+
+
 # ---------------------------------------------------------------------------- statistics
 
 def test_shuffle_positions_not_correlated_across_epochs():

@@ -148,6 +148,10 @@ class Order:
         self._memoize = self.mode is not Mode.SEQUENTIAL
         self._blocks: dict[int, npt.NDArray[np.int64]] = {}
         self._blocks_lock = threading.Lock()
+        # (first, stop, ids at positions first .. stop - 1): the block the last short range came
+        # from; range() serves the next one from it before any other work (one tuple: swapped
+        # atomically under concurrent readers)
+        self._hot: tuple[int, int, npt.NDArray[np.int64]] = (0, 0, self._arange)
 
     def __repr__(self) -> str:
         return f"make_order({self.mode.name!r}, {self.length}, seed={self.seed})"
@@ -189,6 +193,9 @@ class Order:
         Returns:
             ``out`` (or a new int64 array) holding the ids.
         """
+        first, stop, block = self._hot
+        if first <= start and start + count <= stop and count >= 0 and out is None:
+            return block[start - first:start - first + count].copy()
         if start < 0 or count < 0 or start + count > 2**64:
             raise ConfigError(
                 f"positions {start}..{start + count} are outside 0..2**64; "
@@ -230,6 +237,7 @@ class Order:
                 while len(blocks) >= 2:
                     blocks.pop(next(iter(blocks)), None)
                 blocks[b] = got
+        self._hot = (b * BLOCK, b * BLOCK + BLOCK, got)
         return got
 
     def _range(self, start: int, count: int) -> npt.NDArray[np.int64]:

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -33,10 +33,11 @@ __all__ = ["SMALL_MAX", "make_shuffle"]
 
 SMALL_MAX = 4096  # N up to this: exact permutations from sorted random keys
 _ROUNDS = 6  # 4 leave a seed-dependent trace (adjacent ids keep their xor difference 2x as often)
-_TABLE_MAX_BITS = 15  # N <= 2**30; tables of <= 13 * 2**15 int64: <= 3.4 MiB an epoch, two kept
+_TABLE_MAX_BITS = 15  # N <= 2**30; tables of <= 15 * 2**15 int64: <= 3.9 MiB an epoch, two kept
 _EPOCH_GROUPS_MAX = 4  # indices() spanning more epochs than this uses per-element round keys
-_SCALAR_WALK_MAX = 24  # cycle-walk this many strays one by one rather than as arrays
 _KEYS_MAX = 1 << 20  # keys sorted at once by the small shuffle (8 MiB)
+_BLOCK_BITS = 13  # short ranges are cut from memoized blocks of 2**13 offsets of one epoch
+_SCRATCH = threading.local()  # per-thread work buffers of the block path
 
 
 def make_shuffle(length: int, seed: int) -> Order:
@@ -111,6 +112,17 @@ def _round_keys(seed_key: int, epochs: npt.NDArray[np.uint64]) -> npt.NDArray[np
     return mix64_array(e[None, :] ^ rounds)
 
 
+class _Tables(NamedTuple):
+    """One epoch's network as lookup tables (built by ``_Feistel._epoch_tables``)."""
+
+    rounds: list[npt.NDArray[np.int64]]  # the six round functions; the first fused with the split
+    merge: npt.NDArray[np.int64]  # final hi -> (hi mod b) << ka
+    fa0: npt.NDArray[np.int64]  # the first round's FA alone, indexed by hi < b
+    walk: npt.NDArray[np.int64]  # walk[v - N] for v in [N, a*b): where v's cycle-walk ends
+    src: npt.NDArray[np.int64]  # the offsets < N that the network maps to a stray, sorted
+    dst: npt.NDArray[np.int64]  # their ids (the end of their cycle-walk)
+
+
 class _Feistel(Order):
     """A mixed-radix Feistel network over ``[0, a*b)``, ``a = 2**ka``, with cycle-walking.
 
@@ -130,9 +142,13 @@ class _Feistel(Order):
         self._ka = (bits + 1) // 2
         self._a = 1 << self._ka
         self._b = -(-length // self._a)
-        self._memoize = True  # N > SMALL_MAX: a block spans at most a few epochs' tables
-        self._tables: dict[int, list[npt.NDArray[np.int64]]] = {}
+        self._memoize = True  # N > SMALL_MAX: short ranges are cut from memoized blocks
+        self._tables: dict[int, _Tables] = {}
         self._lock = threading.Lock()
+        # memoized blocks, keyed by their first position: (first, stop, ids at first .. stop - 1)
+        self._offset_blocks: dict[int, tuple[int, int, npt.NDArray[np.int64]]] = {}
+        # (row, column) of the 2**_BLOCK_BITS offsets of a block, when a block is whole rows
+        self._rows: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
 
     # The round functions, the single definition that the table path (memoized over the whole
     # domain of the round input) and the per-element path both evaluate.
@@ -145,7 +161,7 @@ class _Feistel(Order):
             return z
         return mulhi(z, self._b)  # FB: lo -> [0, b)
 
-    def _epoch_tables(self, epoch: int) -> list[npt.NDArray[np.int64]]:
+    def _epoch_tables(self, epoch: int) -> _Tables:
         """The epoch's round functions as lookup tables, laid out for a reduction-free pass.
 
         ``hi`` is never reduced mod ``b`` inside the network: after ``j`` hi-rounds it is below
@@ -158,17 +174,24 @@ class _Feistel(Order):
             keys = _round_keys(self._key, np.array([epoch], dtype=np.uint64))[:, 0]
             dom_hi = np.arange(self._b, dtype=np.uint64)
             dom_lo = np.arange(self._a, dtype=np.uint64)
-            tables = []
+            rounds = []
             for i, k in enumerate(keys):
                 if i % 2 == 0:  # lo-round: indexed by hi < (i//2 + 1) * b
-                    tables.append(np.tile(self._round_f(i, dom_hi, k).view(np.int64), i // 2 + 1))
+                    rounds.append(np.tile(self._round_f(i, dom_hi, k).view(np.int64), i // 2 + 1))
                 else:
-                    tables.append(self._round_f(i, dom_lo, k).view(np.int64))
+                    rounds.append(self._round_f(i, dom_lo, k).view(np.int64))
+            fa0 = rounds[0]
             # the first round also does the split: x ^ (FA(hi) ^ hi << ka) == (x mod a) ^ FA(hi)
-            tables[0] = tables[0] ^ (dom_hi.view(np.int64) << self._ka)
+            rounds[0] = fa0 ^ (dom_hi.view(np.int64) << self._ka)
             merge = np.tile(dom_hi.view(np.int64) << self._ka, (len(keys) + 1) // 2 + 1)
-            tables.append(merge)
-            for t in tables:
+            walk = self._walk_table(rounds, merge)
+            # the offsets whose image is a stray: the inverse network of every stray, kept < N
+            strays = np.arange(self.length, self._a * self._b, dtype=np.int64)
+            src = self._inverse(strays, rounds, fa0)
+            keep = (src < self.length).nonzero()[0]
+            by_src = keep[src[keep].argsort()]
+            tables = _Tables(rounds, merge, fa0, walk, src[by_src], walk[by_src])
+            for t in (*rounds, merge, *tables[2:]):
                 t.flags.writeable = False
             with self._lock:  # keep the two most recent epochs (a batch may straddle one)
                 while len(self._tables) >= 2:
@@ -176,41 +199,159 @@ class _Feistel(Order):
                 self._tables[epoch] = tables
         return tables
 
-    def _walk_scalar(self, y: int, tables: list[npt.NDArray[np.int64]]) -> int:
-        """Cycle-walk one value with the memoized round tables (same maths as the arrays)."""
-        n, ka = self.length, self._ka
-        *rounds, merge = tables
-        while y >= n:
-            hi = y >> ka
-            lo = y ^ rounds[0].item(hi)
-            for i, t in enumerate(rounds[1:], 1):
-                if i % 2 == 0:
-                    lo ^= t.item(hi)
-                else:
-                    hi += t.item(lo)
-            y = merge.item(hi) | lo
-        return y
+    def _walk_table(self, rounds: list[npt.NDArray[np.int64]],
+                    merge: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """``walk[v - N]``: the first value below N in ``F(v), F(F(v)), ...``, for v in ``[N, a*b)``.
 
-    def _feistel_tables(self, x: npt.NDArray[np.int64],
-                        tables: list[npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
+        Cycle-walking an offset ``x < N`` whose image ``y`` is a stray (``>= N``) gives
+        ``walk[y - N]``: the same walk, done once an epoch for all ``a*b - N < a`` strays instead of
+        once per stray per block. A stray on a cycle of strays only is never the image of an
+        offset; its walk stops when it comes back to itself (its entry is then unused).
+        """
+        n = self.length
+        start = np.arange(n, self._a * self._b, dtype=np.int64)
+        walk = self._feistel_tables(start.copy(), rounds, merge)
+        todo = (walk >= n).nonzero()[0]
+        while todo.size:
+            sub = self._feistel_tables(walk[todo], rounds, merge)
+            walk[todo] = sub
+            todo = todo[(sub >= n) & (sub != start[todo])]
+        return walk
+
+    def _inverse(self, y: npt.NDArray[np.int64], rounds: list[npt.NDArray[np.int64]],
+                 fa0: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The network's inverse over ``y`` in ``[0, a*b)`` (rounds undone last to first)."""
+        hi = y >> self._ka
+        lo = y & (self._a - 1)
+        for i in range(len(rounds) - 1, 0, -1):
+            if i % 2 == 0:  # lo ^= FA(hi), hi < b: the first b entries of the repeated table
+                lo ^= rounds[i].take(hi)
+            else:  # hi = (hi + FB(lo)) mod b
+                hi -= rounds[i].take(lo)
+                hi %= self._b
+        lo ^= fa0.take(hi)
+        hi <<= self._ka
+        hi |= lo
+        return hi
+
+    def _feistel_tables(self, x: npt.NDArray[np.int64], rounds: list[npt.NDArray[np.int64]],
+                        merge: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """One pass of the network over ``x`` (consumed: it becomes a scratch buffer)."""
         hi = x >> self._ka
         tmp = np.empty_like(hi)
-        *rounds, merge = tables
         rounds[0].take(hi, mode="wrap", out=tmp)  # the first round, fused with the split
         lo = x
         lo ^= tmp
-        for i, t in enumerate(rounds[1:], 1):
+        for i in range(1, len(rounds)):
             # indices are always in range: mode="wrap" only skips the bounds checks
             if i % 2 == 0:
-                t.take(hi, mode="wrap", out=tmp)
+                rounds[i].take(hi, mode="wrap", out=tmp)
                 lo ^= tmp
             else:
-                t.take(lo, mode="wrap", out=tmp)
+                rounds[i].take(lo, mode="wrap", out=tmp)
                 hi += tmp
         merge.take(hi, mode="wrap", out=tmp)  # (hi mod b) << ka
         tmp |= lo
         return tmp
+
+    def _unstray(self, y: npt.NDArray[np.int64], tables: _Tables) -> npt.NDArray[np.int64]:
+        """Finish the cycle-walk of the strays in ``y`` (in place) from the epoch's walk table."""
+        n = self.length
+        bad = (y >= n).nonzero()[0]
+        if bad.size:
+            y[bad] = tables.walk[y[bad] - n]
+        return y
+
+    def _offset_block(self, epoch: int, s: int) -> npt.NDArray[np.int64]:
+        """Ids at offsets ``s .. min(N, s + 2**_BLOCK_BITS) - 1`` of ``epoch`` (``s`` aligned).
+
+        The same network as ``_feistel_tables``, with the first two rounds cheaper because the
+        offsets are whole rows of the ``(hi, lo)`` grid (or part of one row when ``a`` is larger
+        than a block): ``hi`` runs over ``h0 + row`` and ``lo`` over the columns, both read from
+        ``arange``-like constants. ``hi`` is carried minus ``h0`` and the tables indexed by it
+        are read from ``h0`` on (views), so the first hi-round needs no addition of ``h0``. The
+        strays' offsets are known for the epoch (``_Tables.src``): no search over the block.
+        """
+        tables = self._epoch_tables(epoch)
+        rounds = tables.rounds
+        count = min(self.length - s, 1 << _BLOCK_BITS)
+        ka = self._ka
+        h0 = s >> ka
+        scratch = getattr(_SCRATCH, "buffers", None)
+        if scratch is None:  # per thread: the loader's workers may compute blocks at once
+            scratch = _SCRATCH.buffers = (np.empty(1 << _BLOCK_BITS, dtype=np.int64),
+                                          np.empty(1 << _BLOCK_BITS, dtype=np.int64))
+        if ka <= _BLOCK_BITS:  # whole rows: lo = column ^ FA0(hi), hi = h0 + row
+            if self._rows is None:
+                iota = self._iota(1 << _BLOCK_BITS)
+                row, col = iota >> ka, (iota & (self._a - 1)).reshape(-1, self._a)
+                row.flags.writeable = col.flags.writeable = False
+                self._rows = (row, col)  # one reference swap: safe under concurrent readers
+            rows = -(-count >> ka)  # whole rows: a*b >= N, so none is past the last one
+            width = rows << ka
+            lo, hi = scratch[0][:width], scratch[1][:width]
+            np.bitwise_xor(self._rows[1][:rows], tables.fa0[h0:h0 + rows, None],
+                           out=lo.reshape(rows, -1))
+            rounds[1].take(lo, mode="wrap", out=hi)
+            hi += self._rows[0][:width]
+        else:  # one aligned part of row h0: (l0 + j) ^ FA0(h0) == j ^ (l0 ^ FA0(h0)), j < 2**13
+            width = count
+            lo, hi = scratch[0][:width], scratch[1][:width]
+            np.bitwise_xor(self._iota(count), (s & (self._a - 1)) ^ int(tables.fa0[h0]), out=lo)
+            rounds[1].take(lo, mode="wrap", out=hi)
+        out = np.empty(width, dtype=np.int64)  # fresh: it becomes the memoized block
+        for i in range(2, len(rounds)):
+            if i % 2 == 0:
+                rounds[i][h0:].take(hi, mode="wrap", out=out)
+                lo ^= out
+            else:
+                rounds[i].take(lo, mode="wrap", out=out)
+                hi += out
+        tables.merge[h0:].take(hi, mode="wrap", out=out)
+        out |= lo
+        ids = out[:count]
+        i, j = int(tables.src.searchsorted(s)), int(tables.src.searchsorted(s + count))
+        if i < j:
+            ids[tables.src[i:j] - s] = tables.dst[i:j]
+        return ids
+
+    def _offset_block_at(self, p: int) -> tuple[int, int, npt.NDArray[np.int64]]:
+        """The memoized block holding position ``p``: ``(first, stop, ids at first .. stop-1)``."""
+        epoch, off = divmod(p, self.length)
+        first = p - (off & ((1 << _BLOCK_BITS) - 1))
+        blocks = self._offset_blocks
+        got = blocks.get(first)
+        if got is None:
+            ids = self._offset_block(epoch, off >> _BLOCK_BITS << _BLOCK_BITS)
+            ids.flags.writeable = False
+            got = (first, first + ids.shape[0], ids)
+            with self._lock:  # the two most recent blocks: a batch may straddle two
+                while len(blocks) >= 2:
+                    blocks.pop(next(iter(blocks)), None)
+                blocks[first] = got
+        self._hot = got
+        return got
+
+    def _small_range(self, start: int, count: int) -> npt.NDArray[np.int64]:
+        """A short range cut from memoized blocks of ``2**_BLOCK_BITS`` offsets of one epoch.
+
+        Blocks are aligned to the epoch's start (not to positions, as ``Order``'s are) so that
+        each holds whole rows of the network's grid (see ``_offset_block``).
+        """
+        if self._ka > _TABLE_MAX_BITS:  # per-element round keys: position-aligned blocks
+            return super()._small_range(start, count)
+        first, stop, ids = self._offset_block_at(start)
+        if start + count <= stop:
+            return ids[start - first:start - first + count].copy()
+        out = np.empty(count, dtype=np.int64)
+        done = stop - start
+        out[:done] = ids[start - first:]
+        while done < count:
+            first, stop, ids = self._offset_block_at(start + done)
+            take = min(stop - first, count - done)
+            out[done:done + take] = ids[:take]
+            done += take
+        return out
 
     def _feistel_keys(self, x: npt.NDArray[np.uint64],
                       keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
@@ -229,20 +370,9 @@ class _Feistel(Order):
 
     def _permute_epoch(self, x: npt.NDArray[np.int64], epoch: int) -> npt.NDArray[np.int64]:
         """``perm(seed, epoch)`` of offsets ``x`` (all in ``[0, N)``), by cycle-walking."""
-        n = self.length
         if self._ka <= _TABLE_MAX_BITS:
             tables = self._epoch_tables(epoch)
-            y = self._feistel_tables(x, tables)
-            bad = np.flatnonzero(y >= n)
-            if 0 < bad.size <= _SCALAR_WALK_MAX:  # a few strays: cheaper in plain Python
-                for j in bad.tolist():
-                    y[j] = self._walk_scalar(int(y[j]), tables)
-                return y
-            while bad.size:
-                sub = self._feistel_tables(y[bad], tables)
-                y[bad] = sub
-                bad = bad[sub >= n]
-            return y
+            return self._unstray(self._feistel_tables(x, tables.rounds, tables.merge), tables)
         keys = _round_keys(self._key, np.array([epoch], dtype=np.uint64))[:, 0]
         return self._walk_keys(x.astype(np.uint64), keys, same=True)
 
