@@ -7,7 +7,10 @@
   over all ``N!`` orders. A Feistel network over a tiny domain is far from uniform (its round
   tables have a handful of entries), and many tiny epochs fit one batch: one ``random_raw`` and
   one row-wise ``argsort`` serve them all.
-* larger ``N``: a mixed-radix Feistel network with cycle-walking (``_Feistel``), O(1) state.
+* larger ``N``: a mixed-radix Feistel network with cycle-walking (``_Feistel``), O(1) state; up
+  to ``N = 2**30`` its round functions are memoized per epoch as O(sqrt N) tables, with every
+  stray's cycle-walk done once an epoch, and short ranges are cut from memoized blocks of whole
+  rows of the network's grid (a loader's batch of 256 costs a slice most of the time).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ __all__ = ["SMALL_MAX", "make_shuffle"]
 
 SMALL_MAX = 4096  # N up to this: exact permutations from sorted random keys
 _ROUNDS = 6  # 4 leave a seed-dependent trace (adjacent ids keep their xor difference 2x as often)
-_TABLE_MAX_BITS = 15  # N <= 2**30; tables of <= 15 * 2**15 int64: <= 3.9 MiB an epoch, two kept
+_TABLE_MAX_BITS = 15  # N <= 2**30; tables of <= 17 * 2**15 int64: <= 4.3 MiB an epoch, two kept
 _EPOCH_GROUPS_MAX = 4  # indices() spanning more epochs than this uses per-element round keys
 _KEYS_MAX = 1 << 20  # keys sorted at once by the small shuffle (8 MiB)
 _BLOCK_BITS = 13  # short ranges are cut from memoized blocks of 2**13 offsets of one epoch
