@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import headrace
 from headrace import ConfigError
 from headrace._sampler import Mode, Sampler, make_order
+from headrace._shuffle import _BLOCK_BITS
 
 MODES = [Mode.SEQUENTIAL, Mode.IID, Mode.SHUFFLE]
 
@@ -267,8 +268,8 @@ def _per_element(o, positions):
 
 
 # N just above SMALL_MAX (a = 128: 127 strays an epoch), a*b - 2 (2 strays), a*b (none),
-# 2**20 + 1 (a = 2048: 2047 strays), 2**27 + 1 and 2**29 + 1 (a = 2**14, 2**15: wider than a
-# memoized block, so a block is part of one row)
+# 2**20 + 1 (a = 2048: 2047 strays), 2**27 + 1 and 2**29 + 1 (a = 2**14, 2**15: a memoized
+# block of 2**14 offsets is one row, half a row)
 FAST_PATH_N = [4097, 4222, 4224, 10007, 65537, 2**20 - 1, 2**20 + 1, 2**27 + 1, 2**29 + 1]
 
 
@@ -278,11 +279,12 @@ def test_shuffle_fast_paths_equal_the_per_element_network(n):
     # the walk table, and the per-element round keys must give the same id at every position
     for seed in (0, 5, 2**64 - 1):
         o = make_order("shuffle", n, seed=seed)
-        starts = [0, n - 4000, 7 * n - 9000, 2**33 * n + 8192 - 300]
+        block = 1 << _BLOCK_BITS
+        starts = [0, n - 4000, 7 * n - 9000, 2**33 * n + 8192 - 300, 5 * n + block - 300]
         if n < 70_000:
             starts.append(n)  # a whole epoch in consecutive batches
         for p0 in starts:
-            total = n if p0 == n else 12_000  # straddles blocks (8192) and, for some, epochs
+            total = n if p0 == n else 12_000  # straddles blocks and, for some, epochs
             want = _per_element(o, np.arange(p0, p0 + total, dtype=np.uint64))
             batches = [o.range(p0 + k, min(256, total - k)) for k in range(0, total, 256)]
             assert np.array_equal(np.concatenate(batches), want), (n, seed, p0)

@@ -39,7 +39,7 @@ _ROUNDS = 6  # 4 leave a seed-dependent trace (adjacent ids keep their xor diffe
 _TABLE_MAX_BITS = 15  # N <= 2**30; tables of <= 17 * 2**15 int64: <= 4.3 MiB an epoch, two kept
 _EPOCH_GROUPS_MAX = 4  # indices() spanning more epochs than this uses per-element round keys
 _KEYS_MAX = 1 << 20  # keys sorted at once by the small shuffle (8 MiB)
-_BLOCK_BITS = 13  # short ranges are cut from memoized blocks of 2**13 offsets of one epoch
+_BLOCK_BITS = 14  # short ranges are cut from memoized blocks of 2**14 offsets of one epoch
 _SCRATCH = threading.local()  # per-thread work buffers of the block path
 
 
@@ -297,7 +297,7 @@ class _Feistel(Order):
                            out=lo.reshape(rows, -1))
             rounds[1].take(lo, mode="wrap", out=hi)
             hi += self._rows[0][:width]
-        else:  # one aligned part of row h0: (l0 + j) ^ FA0(h0) == j ^ (l0 ^ FA0(h0)), j < 2**13
+        else:  # one aligned part of row h0: (l0 + j) ^ FA0(h0) == j ^ (l0 ^ FA0(h0)), j < block
             width = count
             lo, hi = scratch[0][:width], scratch[1][:width]
             np.bitwise_xor(self._iota(count), (s & (self._a - 1)) ^ int(tables.fa0[h0]), out=lo)
@@ -327,7 +327,7 @@ class _Feistel(Order):
         if got is None:
             ids = self._offset_block(epoch, off >> _BLOCK_BITS << _BLOCK_BITS)
             ids.flags.writeable = False
-            got = (first, first + ids.shape[0], ids)
+            got = (first, min(first + ids.shape[0], 2**64), ids)  # no position past 2**64
             with self._lock:  # the two most recent blocks: a batch may straddle two
                 while len(blocks) >= 2:
                     blocks.pop(next(iter(blocks)), None)
