@@ -312,11 +312,21 @@ class _Feistel(Order):
                 hi += out
         tables.merge[h0:].take(hi, mode="wrap", out=out)
         out |= lo
-        ids = out[:count]
-        i, j = int(tables.src.searchsorted(s)), int(tables.src.searchsorted(s + count))
+        return self._fix_strays(out[:count], tables, s)
+
+    @staticmethod
+    def _fix_strays(y: npt.NDArray[np.int64], tables: _Tables,
+                    off: int) -> npt.NDArray[np.int64]:
+        """Finish the cycle-walks in ``y``, the network's images of offsets ``off, off + 1, ...``.
+
+        The epoch's stray offsets are known (``tables.src``): a contiguous run finds its own by
+        bisection instead of comparing every image with N.
+        """
+        src = tables.src
+        i, j = int(src.searchsorted(off)), int(src.searchsorted(off + y.shape[0]))
         if i < j:
-            ids[tables.src[i:j] - s] = tables.dst[i:j]
-        return ids
+            y[src[i:j] - off] = tables.dst[i:j]
+        return y
 
     def _offset_block_at(self, p: int) -> tuple[int, int, npt.NDArray[np.int64]]:
         """The memoized block holding position ``p``: ``(first, stop, ids at first .. stop-1)``."""
@@ -379,6 +389,15 @@ class _Feistel(Order):
         keys = _round_keys(self._key, np.array([epoch], dtype=np.uint64))[:, 0]
         return self._walk_keys(x.astype(np.uint64), keys, same=True)
 
+    def _permute_run(self, epoch: int, off: int, count: int) -> npt.NDArray[np.int64]:
+        """``perm(seed, epoch)`` of offsets ``off .. off + count - 1`` (all below N)."""
+        x = np.add(self._iota(count), off)
+        if self._ka > _TABLE_MAX_BITS:
+            return self._permute_epoch(x, epoch)
+        tables = self._epoch_tables(epoch)
+        y = self._feistel_tables(x, tables.rounds, tables.merge)
+        return self._fix_strays(y, tables, off)
+
     def _walk_keys(self, x: npt.NDArray[np.uint64], keys: npt.NDArray[np.uint64],
                    same: bool) -> npt.NDArray[np.int64]:
         """Cycle-walk with round keys per element (``keys[:, i]``), or shared when ``same``."""
@@ -395,14 +414,14 @@ class _Feistel(Order):
         n = self.length
         epoch, off = divmod(start, n)
         if off + count <= n:  # one epoch: the common case
-            return self._permute_epoch(np.add(self._iota(count), off), epoch)
+            return self._permute_run(epoch, off, count)
         if count // n > 2:  # many tiny epochs in one request: per-element keys
             return super()._range(start, count)
         out = np.empty(count, dtype=np.int64)
         done = 0
         while done < count:
             take = min(n - off, count - done)
-            out[done:done + take] = self._permute_epoch(np.add(self._iota(take), off), epoch)
+            out[done:done + take] = self._permute_run(epoch, off, take)
             done += take
             epoch, off = epoch + 1, 0
         return out
