@@ -170,7 +170,8 @@ class _Feistel(Order):
         ``hi`` is never reduced mod ``b`` inside the network: after ``j`` hi-rounds it is below
         ``(j+1)*b``, so the next lo-round's table is ``FA`` repeated ``j+1`` times, and a last
         table maps the final ``hi`` to ``(hi mod b) << ka`` for the merge. Same function, two
-        fewer vector ops a hi-round.
+        fewer vector ops a hi-round. The cycle-walks are done here too, once an epoch: where
+        every stray ends (``walk``), and which offsets land on one (``src``, ``dst``).
         """
         tables = self._tables.get(epoch)
         if tables is None:
