@@ -12,6 +12,7 @@ import pytest
 import headrace
 from _images import encode, gradient, imagefolder, write_tree
 from headrace import ConfigError, StoreExistsError, _pack_dir
+from headrace._folio_writes import FOLIO_BYTES
 from headrace._image_sources import decode_label, encode_label, read_labels_tsv
 
 
@@ -109,7 +110,8 @@ def test_packing_streams_in_bounded_batches(tmp_path, monkeypatch):
         tracemalloc.stop()
     total = 240 * 64 * 1024
     assert res["samples"] == 240
-    assert peak < total / 3, (peak, total)  # ~2 batches of 1 MiB, not 15 MiB
+    # ~2 batches of 1 MiB plus the writer's held chunk tail (< 2 MiB), not 15 MiB
+    assert peak < total / 3 + FOLIO_BYTES, (peak, total)
 
 
 def test_labels_tsv_percent_encoding_round_trips(tmp_path):

@@ -29,6 +29,7 @@ def compact_writer(self: Writer, progress: bool | None) -> tuple[float, float]:
     copy-on-write files, so nothing is visible (or lost) before the commit.
     """
     before = self._utilization()
+    self._folios.flush_all()  # records appended since the commit are read back from the files
     self._begin_cow()
     plans = []
     live = 0
@@ -82,6 +83,7 @@ def compact_writer(self: Writer, progress: bool | None) -> tuple[float, float]:
                 bar.update(acc)
                 start = stop
             pwrite_all(fw.index_fd, new, 0)
+    self._folios.flush_all()  # a full disk fails compact() itself, not the commit after it
     after = self._utilization()
     self._dirty = True
     return before, after

@@ -130,14 +130,40 @@ class Snapshot:
     views: dict[int, memoryview] = field(default_factory=dict)  # chunk id -> memoryview of chunks
     # field -> (first record id of each run, virtual-row shift of each run) when the field's index
     # is the plain appended layout, else None; computed once per snapshot (see sequential_layout)
-    layouts: dict[str, tuple[np.ndarray, np.ndarray] | None] = field(default_factory=dict)
+    layouts: dict[str, Layout | None] = field(default_factory=dict)
 
 
 # Scanning a larger index once to prove it sequential costs more than it would save.
 SEQUENTIAL_SCAN_MAX_RECORDS = 1 << 24
 
 
-def sequential_layout(st: Snapshot, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+@dataclass(frozen=True)
+class Layout:
+    """Where the records of an append-only fixed-shape raw field sit in its virtual rows.
+
+    Run ``k`` covers ids ``starts[k] <= i < starts[k+1]`` at virtual rows ``i + shifts[k]``.
+    ``after[j]`` is the shift of the run that ``searchsorted(starts, i, "right") == j`` names
+    (``after[0]`` is unused), so a row lookup is two array ops and no ``- 1``. ``identity``: a
+    single run with shift 0 (record i is row i), the layout a fresh single-writer pack makes.
+    """
+
+    starts: np.ndarray
+    shifts: np.ndarray
+    after: np.ndarray
+    identity: bool
+
+    def rows(self, idx: np.ndarray) -> np.ndarray:
+        """Virtual rows of ids ``idx`` (checked to be ``< N``)."""
+        if self.identity:
+            return idx
+        if len(self.starts) == 1:
+            return idx + self.shifts[0]
+        rows = self.after.take(np.searchsorted(self.starts, idx, side="right"), mode="clip")
+        rows += idx
+        return rows
+
+
+def sequential_layout(st: Snapshot, name: str) -> Layout | None:
     """Whether record i of fixed-shape raw field ``name`` sits at virtual row ``i + shift``.
 
     That holds for a field filled by appends only (no modify/delete since the last compact): the
@@ -147,12 +173,11 @@ def sequential_layout(st: Snapshot, name: str) -> tuple[np.ndarray, np.ndarray] 
     length, inside its chunk), which is what the per-record index check would establish.
 
     Returns:
-        ``(starts, shifts)``: run ``k`` covers ids ``starts[k] <= i < starts[k+1]`` at virtual rows
-        ``i + shifts[k]``; or ``None`` when the layout is not sequential (use the index).
+        The ``Layout``, or ``None`` when the layout is not sequential (use the index).
     """
     if name in st.layouts:
         return st.layouts[name]
-    result: tuple[np.ndarray, np.ndarray] | None = None
+    result: Layout | None = None
     f = st.fields[name]
     virtual = st.vrows.get(name)
     n = len(f.index)
@@ -174,7 +199,9 @@ def sequential_layout(st: Snapshot, name: str) -> tuple[np.ndarray, np.ndarray] 
                     shift = rows - np.arange(n, dtype=np.int64)
                     cut = np.flatnonzero(np.diff(shift)) + 1  # a new run where the shift changes
                     starts = np.concatenate([[0], cut]).astype(np.int64)
-                    result = (starts, shift[starts])
+                    shifts = shift[starts]
+                    result = Layout(starts, shifts, np.concatenate([shifts[:1], shifts]),
+                                    len(starts) == 1 and int(shifts[0]) == 0)
     st.layouts[name] = result
     return result
 

@@ -270,12 +270,9 @@ class Store:
             vrows, vstart, small = virtual
             layout = sequential_layout(st, f.spec.name)
             if layout is not None:  # appended in order: no index reads at all
-                starts, shifts = layout
-                if len(starts) == 1:
-                    rows = idx + shifts[0] if shifts[0] else idx
-                else:
-                    rows = idx + shifts.take(np.searchsorted(starts, idx, side="right") - 1)
-                return self._as_fixed(f, vrows.take(rows, axis=0))
+                # "clip" never clips (the layout scan proved every row in range); unlike the
+                # default "raise" it skips a per-index bounds check
+                return self._as_fixed(f, vrows.take(layout.rows(idx), axis=0, mode="clip"))
             ent = f.index_u4.take(idx, axis=0).T.copy()  # rows: chunk, offset lo, hi, length
             if small:  # every chunk is under 4 GiB: valid offsets fit the low word
                 rows = vstart.take(ent[0]) + ent[1] // f.rec

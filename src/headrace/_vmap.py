@@ -86,8 +86,26 @@ def map_concat(files: list[tuple[str, int]], align: int) -> tuple[np.ndarray, li
                 return None  # `arr` dies here and unmaps the whole range, file maps included
     except OSError:
         return None
+    _ask_huge_pages(reserve)
     arr.flags.writeable = False
     return arr, starts
+
+
+def _ask_huge_pages(reserve: mmap.mmap) -> None:
+    """Lets the kernel back the file mappings with 2 MiB pages (THP in "madvise" mode).
+
+    Records read from disk through the range then land in 2 MiB page-cache folios, and folios of
+    that size (also those a writer made with 2 MiB-aligned writes, see ``_writer``) map with one
+    TLB entry each: random row gathers over a large field were ~1.3-1.5x faster with them. Only
+    advice: kernels without file THP ignore it, and nothing here depends on it.
+    """
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None:
+        return
+    try:
+        reserve.madvise(advice)
+    except OSError:
+        pass
 
 
 _MAP_FIXED = 0x10  # the same value on Linux and macOS; the mmap module does not export it

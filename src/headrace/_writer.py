@@ -43,6 +43,7 @@ from headrace._errors import (
     StoreExistsError,
     WriterClosedError,
 )
+from headrace._folio_writes import FOLIO_BYTES, FolioWrites
 from headrace._format import (
     AUX_DTYPE,
     CHUNK_DIR,
@@ -121,6 +122,7 @@ class Writer:
         self._dirty_fds: set[int] = set()
         self._chunks: dict[int, list[Any]] = {c.id: [c.field, c.size] for c in meta.chunks}
         self._chunk_fds: dict[int, int] = {}
+        self._folios = FolioWrites()  # chunk tails held until a 2 MiB span is whole
         self._next_chunk = max((c.id for c in meta.chunks), default=-1) + 1
         self._attrs = json.loads(json.dumps(meta.attrs))
         self.chunk_bytes = meta.chunk_bytes
@@ -200,6 +202,11 @@ class Writer:
 
     def _capacity(self, fw: _FieldW) -> int:
         if fw.rec > 0 and fw.spec.codec == "raw":  # whole records, so a chunk is a 2-D array
+            # Full chunks that end on a 2 MiB boundary map back to back (``_vmap``) with no gap,
+            # so record i is virtual row i and a gather is a single take with no index reads.
+            unit = math.lcm(fw.rec, FOLIO_BYTES)
+            if unit <= self.chunk_bytes:
+                return self.chunk_bytes // unit * unit
             return max(fw.rec, self.chunk_bytes // fw.rec * fw.rec)
         return self.chunk_bytes
 
@@ -216,6 +223,8 @@ class Writer:
         return max((c.id for c in self._committed.chunks), default=-1) + 1
 
     def _new_chunk(self, fw: _FieldW) -> int:
+        if fw.open_chunk is not None:  # full: nothing more comes to it, write what it holds
+            self._folios.flush(fw.open_chunk)
         cid = self._next_chunk
         self._next_chunk += 1
         self._chunks[cid] = [fw.spec.name, 0]
@@ -269,7 +278,7 @@ class Writer:
 
     def _write(self, cid: int, data: Any, offset: int) -> None:
         fd = self._chunk_fd(cid)
-        pwrite_all(fd, data, offset)
+        self._folios.write(cid, fd, data, offset)
         self._dirty_fds.add(fd)
         self._chunks[cid][1] = offset + memoryview(data).nbytes
 
@@ -484,6 +493,7 @@ class Writer:
 
     def _commit(self, attrs: dict[str, Any]) -> None:
         old = self._committed
+        self._folios.flush_all()
         for fw in self._fields.values():
             os.ftruncate(fw.index_fd, self._n * INDEX_DTYPE.itemsize)
             os.ftruncate(fw.aux_fd, self._n * AUX_DTYPE.itemsize)
