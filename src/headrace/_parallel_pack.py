@@ -48,8 +48,10 @@ import numpy as np
 
 from . import _format
 from ._errors import ConfigError, PackWorkerError
+from ._folio_writes import FOLIO_BYTES
 from ._format import AUX_DTYPE, CHUNK_DIR, INDEX_DTYPE, ChunkInfo, FieldEntry, FieldSpec, Meta
 from ._progress import progress as progress_bar
+from ._writer import chunk_bytes_of, raw_chunk_bytes
 
 __all__ = ["content_hash", "pack_raw", "pack_scan", "pack_sources", "plan_tasks", "run_parts",
            "split_ranges"]
@@ -117,6 +119,29 @@ def plan_array_tasks(sources: Sequence[Any], n: int, row_bytes: int, *, workers:
     if in_memory and t > 1:
         t = min(n, max(t, -(-n * row_bytes // _EXECUTOR_TASK_BYTES)))
     return t
+
+
+def whole_chunk_ranges(n: int, tasks: int, fields: Sequence[FieldSpec],
+                       chunk_mb: float) -> list[tuple[int, int]]:
+    """``tasks`` row ranges of about equal size that start on whole chunks of the widest
+    fixed-shape raw field, when there are enough rows for that.
+
+    Each part store ends in a partial chunk; parts that start on a chunk boundary of that field
+    leave it only full chunks before the last, so its chunks map back to back and record i is
+    row i, as after a single-writer pack (``raw_chunk_bytes``). Narrower fields (labels) get
+    partial chunks and read through a short run table, which costs little at their size.
+    """
+    raw = [f.record_nbytes for f in fields
+           if f.shape is not None and f.codec == "raw" and f.record_nbytes > 0]
+    if raw:
+        rec = max(raw)
+        full = raw_chunk_bytes(rec, chunk_bytes_of(chunk_mb))
+        unit = full // rec
+        if full % FOLIO_BYTES == 0 and n // unit >= tasks:  # else chunks leave gaps anyway
+            bounds = sorted({round(n * k / tasks / unit) * unit for k in range(1, tasks)} - {0})
+            edges = [0, *[b for b in bounds if 0 < b < n], n]
+            return list(itertools.pairwise(edges))
+    return split_ranges(np.full(n, 1, np.int64), tasks)
 
 
 def use_parallel(tasks: int, executor: cf.Executor | None) -> bool:
@@ -624,9 +649,10 @@ def pack_sources(out: str, *, sources: Sequence[Any], specs: Mapping[str, Any], 
         cols = tuple((s.name, s if s.npy_path is not None else s.read(a, b)) for s in sources)
         return ArrayReader(cols, a, b, rows_per_step)
 
+    fields = [_format.parse_field_spec(k, v) for k, v in specs.items()]
     return run_parts(
-        out, ranges=split_ranges(np.full(n, row_bytes, np.int64), tasks), make_reader=make_reader,
-        describe=lambda a, b: "", fields=[_format.parse_field_spec(k, v) for k, v in specs.items()],
+        out, ranges=whole_chunk_ranges(n, tasks, fields, chunk_mb), make_reader=make_reader,
+        describe=lambda a, b: "", fields=fields,
         chunk_mb=chunk_mb, attrs={}, workers=workers, executor=executor,
         range_bytes=lambda a, b: (b - a) * row_bytes, progress=progress,
         desc=f"pack {os.path.basename(out)}")

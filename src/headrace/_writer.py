@@ -56,7 +56,25 @@ from headrace._format import (
 from headrace._fsutil import acquire_lock, copy_prefix, is_disk_full, pwrite_all, store_full
 from headrace._recover import recover
 
-__all__ = ["Writer", "create"]
+__all__ = ["Writer", "chunk_bytes_of", "create", "raw_chunk_bytes"]
+
+
+def chunk_bytes_of(chunk_mb: float) -> int:
+    """The chunk size bound in bytes that ``create(chunk_mb=...)`` stores."""
+    return max(1, int(chunk_mb * (1 << 20)))
+
+
+def raw_chunk_bytes(rec: int, chunk_bytes: int) -> int:
+    """Bytes a chunk of a fixed-shape raw field with ``rec``-byte records holds when full.
+
+    Whole records, so a chunk is a 2-D array. When it fits, a multiple of 2 MiB too: full chunks
+    then map back to back (``_vmap``) with no gap, so record i is virtual row i and a steady-state
+    gather is a single take with no index reads.
+    """
+    unit = math.lcm(rec, FOLIO_BYTES)
+    if unit <= chunk_bytes:
+        return chunk_bytes // unit * unit
+    return max(rec, chunk_bytes // rec * rec)
 
 
 
@@ -202,12 +220,7 @@ class Writer:
 
     def _capacity(self, fw: _FieldW) -> int:
         if fw.rec > 0 and fw.spec.codec == "raw":  # whole records, so a chunk is a 2-D array
-            # Full chunks that end on a 2 MiB boundary map back to back (``_vmap``) with no gap,
-            # so record i is virtual row i and a gather is a single take with no index reads.
-            unit = math.lcm(fw.rec, FOLIO_BYTES)
-            if unit <= self.chunk_bytes:
-                return self.chunk_bytes // unit * unit
-            return max(fw.rec, self.chunk_bytes // fw.rec * fw.rec)
+            return raw_chunk_bytes(fw.rec, self.chunk_bytes)
         return self.chunk_bytes
 
     # -- low-level writes ------------------------------------------------------------------------
@@ -610,7 +623,7 @@ def create(path: str | os.PathLike[str], *, fields: Mapping[str, Any] | Iterable
             entries.append(FieldEntry(s, index, aux))
         _format.fsync_dir(os.path.join(path, CHUNK_DIR))
         _format.write_meta(path, Meta(
-            length=0, generation=0, commit=0, chunk_bytes=max(1, int(chunk_mb * (1 << 20))),
+            length=0, generation=0, commit=0, chunk_bytes=chunk_bytes_of(chunk_mb),
             fields=tuple(entries), chunks=(), attrs=attrs_d))
         committed = True
         if made_dir:  # the new directory's own entry
