@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import headrace
 
@@ -105,3 +106,29 @@ def test_parallel_pack_splits_on_whole_chunks_so_ids_stay_rows(tmp_path):
         assert st._st.layouts["x"].identity  # widest field: back to back, as one writer packs it
         assert st._st.layouts["y"] is not None  # labels: one partial chunk per part, two runs
         assert sum(c.field == "y" for c in st.meta.chunks) == 2  # really packed in two parts
+
+
+def test_steady_plan_checks_ids_and_follows_new_commits(tmp_path):
+    x, y = _make(tmp_path / "s")
+    rng = np.random.default_rng(2)
+    st = headrace.open(tmp_path / "s")
+    st.gather(np.arange(len(x)))
+    _gather_all_ways(st, x, y, rng)  # steady now: the plan for all fields is memoized
+    assert st._plans[None].snapshot is st._st
+    for bad in ([len(x)], [-1], [3, 10**12]):
+        with pytest.raises(headrace.RecordIndexError, match="out of range"):
+            st.gather(np.array(bad, np.int64))
+    got = st.gather(np.array([4, 2]), ["y"])  # a field list gets its own plan
+    np.testing.assert_array_equal(got["y"], y[[4, 2]])
+    assert list(got) == ["y"]
+    with headrace.open(tmp_path / "s", mode="a") as w:  # a new commit: more records, new values
+        w.modify(1, {"x": np.full(x.shape[1], 7, np.uint8), "y": -5})
+        w.append({"x": x[:3], "y": y[:3]})
+    assert st.refresh()
+    x2 = np.concatenate([x, x[:3]])
+    y2 = np.concatenate([y, y[:3]])
+    x2[1], y2[1] = 7, -5
+    st.gather(np.arange(len(x2)))
+    _gather_all_ways(st, x2, y2, rng)  # modified: read through the index, never a stale plan
+    assert st._st.layouts["x"] is None
+    st.close()

@@ -13,6 +13,7 @@ works on the snapshot it started with, and ``refresh`` swaps snapshots atomicall
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from collections.abc import Iterable, Sequence
@@ -44,6 +45,9 @@ _VERIFY_MODES = ("first", "always", "never")
 _EMPTY = np.empty(0, np.uint8)
 _EMPTY.flags.writeable = False
 _NONE = np.zeros(0, bool)
+_INT64 = np.dtype(np.int64)
+_UINT64 = np.dtype(np.uint64)
+_MAX = np.maximum.reduce
 # zstd records below this decode in batches (one C call per batch, then a copy into the output);
 # bigger ones decode straight into the output, where the copy would cost more than the call
 _DECODE_MANY_MAX_BYTES = 64 << 10
@@ -84,6 +88,17 @@ class Ragged(NamedTuple):
         return [self.values[o[j]:o[j + 1]] for j in range(len(o) - 1)]
 
 
+class _SteadyPlan(NamedTuple):
+    """A field list's steady-state reads for one snapshot.
+
+    Per field: its name, its virtual rows, the id -> row map (``None``: row = id) and the view
+    that gives records their dtype and shape (``None``: uint8 rows already are the records).
+    """
+
+    snapshot: Snapshot
+    fields: tuple[tuple[str, np.ndarray, Any, Any], ...]
+
+
 class Store:
     """A read-only view of a store's last commit (at open or at the last ``refresh()``).
 
@@ -98,6 +113,7 @@ class Store:
         self.path = os.fspath(path)
         self.verify: VerifyMode = verify
         self._state: Snapshot | None = load_snapshot(self.path)
+        self._plans: dict[Any, _SteadyPlan] = {}  # by fields argument, for the loaded snapshot
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -118,11 +134,13 @@ class Store:
         if new.meta.generation == old.meta.generation:  # same records, maybe more: keep checks
             new.verified = Verified(new.fields, new.meta.length, old=old.verified)
         self._state = new
+        self._plans = {}
         return True
 
     def close(self) -> None:
         """Drops the mappings (idempotent). Arrays returned earlier stay valid."""
         self._state = None
+        self._plans = {}
 
     def __enter__(self) -> Store:
         return self
@@ -173,6 +191,11 @@ class Store:
     # -- reads -----------------------------------------------------------------------------------
 
     def _indices(self, st: Snapshot, indices: Any) -> np.ndarray:
+        if type(indices) is np.ndarray and indices.dtype == _INT64 and indices.ndim == 1:
+            # what samplers produce: one reduction checks both ends (negatives turn huge as u8)
+            if len(indices) and int(_MAX(indices.view(_UINT64))) >= st.meta.length:
+                self._out_of_range(st, indices)
+            return indices
         idx = np.asarray(indices)
         if idx.ndim != 1:
             idx = idx.reshape(-1) if idx.ndim == 0 else idx
@@ -182,16 +205,20 @@ class Store:
             if idx.size == 0:
                 return np.empty(0, np.int64)
             raise RecordIndexError(f"indices must be integers, got dtype {idx.dtype}")
-        n = st.meta.length
         idx = idx.astype(np.int64, copy=False)
         # one reduction: negative ids turn huge when read as unsigned
-        if idx.size and int(np.maximum.reduce(idx.view(np.uint64))) >= n:
-            bad = (idx < 0) | (idx >= n)
-            first = int(idx[np.argmax(bad)])
-            raise RecordIndexError(
-                f"record id {first} is out of range for a store of N={n} records "
-                f"(valid ids are 0..{n - 1}); {int(bad.sum())} of {idx.size} ids are out of range")
+        if idx.size and int(_MAX(idx.view(_UINT64))) >= st.meta.length:
+            self._out_of_range(st, idx)
         return idx
+
+    @staticmethod
+    def _out_of_range(st: Snapshot, idx: np.ndarray) -> None:
+        n = st.meta.length
+        bad = (idx < 0) | (idx >= n)
+        first = int(idx[np.argmax(bad)])
+        raise RecordIndexError(
+            f"record id {first} is out of range for a store of N={n} records "
+            f"(valid ids are 0..{n - 1}); {int(bad.sum())} of {idx.size} ids are out of range")
 
     def _pick(self, st: Snapshot, fields: str | Iterable[str] | None) -> list[str]:
         if fields is None:
@@ -257,9 +284,44 @@ class Store:
             CorruptionError: a record's bytes or index entry are damaged (names field and ids).
         """
         st = self._st
+        key = fields if fields is None or isinstance(fields, str) else tuple(fields)
+        plan = self._plans.get(key)
+        if plan is not None and plan.snapshot is st:
+            idx = self._indices(st, indices)
+            # "clip" never clips (the layout scan proved every row in range) and, unlike the
+            # default "raise", skips a per-index bounds check; None: identity, nothing to call
+            return {name: (vrows.take(idx if rows is None else rows(idx), axis=0, mode="clip")
+                           if view is None else
+                           view(vrows.take(idx if rows is None else rows(idx), axis=0, mode="clip")))
+                    for name, vrows, rows, view in plan.fields}
         idx = self._indices(st, indices)
-        return {name: self._gather_field(st, st.fields[name], idx)
-                for name in self._pick(st, fields)}
+        names = self._pick(st, fields)
+        out = {name: self._gather_field(st, st.fields[name], idx) for name in names}
+        if self.verify == "first":
+            self._plan_steady(st, key, names)
+        return out
+
+    def _plan_steady(self, st: Snapshot, key: Any, names: list[str]) -> None:
+        """Memoizes the steady state of ``names`` once every one of them has reached it.
+
+        Fixed-shape raw fields filled by appends, once each record was verified, read as a take
+        over their virtual rows (``_gather_field``); then nothing else of the snapshot is needed.
+        Holding just that per field list keeps the hot path from touching a dozen Python objects
+        per field and call, each a likely cache and TLB miss after a batch's worth of copying.
+        """
+        ver = st.verified
+        for name in names:
+            if (ver.count[name] < ver.n or name not in st.vrows
+                    or st.layouts.get(name) is None):
+                return
+        steady = []
+        for name in names:
+            f = st.fields[name]
+            layout = st.layouts[name]
+            assert layout is not None
+            steady.append((name, st.vrows[name][0], None if layout.identity else layout.rows,
+                           None if f.plain else functools.partial(self._as_fixed, f)))
+        self._plans[key] = _SteadyPlan(st, tuple(steady))
 
     def _gather_field(self, st: Snapshot, f: MappedField, idx: np.ndarray) -> np.ndarray | Ragged:
         check = self._to_check(st, f, idx)
