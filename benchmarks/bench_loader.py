@@ -16,8 +16,11 @@ Side by side, each peer in a fresh subprocess (so each peak RSS is its own):
   grain.ReadOptions(num_threads=2, prefetch_buffer_size=16))`` over the same memmap (Grain reads
   records one by one and stacks them, its natural path).
 
-Every peer reads every row of one epoch per round; the peers take turns, one epoch each, so load from
-other processes on a shared machine hits them alike. ``rows/s`` is the median epoch after the first
+The page cache of every data file is dropped first; each peer's first epoch then reads its data
+through its own path (``--warm read``: every file is read once with ``read()`` first; see
+``_page_cache.py`` for why the state matters). Every peer reads every row of one epoch per round;
+the peers take turns, one epoch each, so load from other processes on a shared machine hits them
+alike. ``rows/s`` is the median epoch after the first
 and ``vs ceiling`` the median of the per-round ratios (steady state: headrace checksums each record
 the first time a process reads it, which the first epoch column shows; the other peers do no
 integrity checks at all). ``CPU us/batch`` is the CPU time all of a peer's threads and processes
@@ -53,6 +56,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from _page_cache import WARM_HELP, drop_page_cache, read_files
 
 ROW_BYTES = 3_072
 DEFAULT_ROWS = 200_000
@@ -109,16 +114,6 @@ def _reuse_store_bench_rows(rows: int, dest: Path) -> bool:
     except OSError:
         return False
     return True
-
-
-def warm(root: Path) -> None:
-    """Reads every data file once so that all peers start from a warm page cache."""
-    buf = bytearray(1 << 24)
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            with open(path, "rb", buffering=0) as f:
-                while f.readinto(buf):
-                    pass
 
 
 # --------------------------------------------------------------------------------------- peers
@@ -392,6 +387,7 @@ def main() -> None:
                         help="epochs per peer; the first is reported on its own")
     parser.add_argument("--peers", default=",".join(PEERS),
                         help=f"comma-separated subset of {','.join(PEERS)}")
+    parser.add_argument("--warm", choices=("own", "read"), default="own", help=WARM_HELP)
     parser.add_argument("--peer", help=argparse.SUPPRESS)  # internal: serve one peer
     args = parser.parse_args()
 
@@ -402,9 +398,12 @@ def main() -> None:
     t0 = time.perf_counter()
     names = args.peers.split(",")
     root = prepare(args.rows, store=any(n.startswith("headrace") for n in names))
-    warm(root)
+    drop_page_cache([root])
+    if args.warm == "read":
+        read_files([root])
     print(f"data: {args.rows:,} x {ROW_BYTES:,} B uint8 + int64 labels in {root} "
-          f"(ready in {time.perf_counter() - t0:.1f} s, page cache warm); batch {BATCH}, "
+          f"(ready in {time.perf_counter() - t0:.1f} s, page cache dropped, then warmed "
+          f"by --warm {args.warm}); batch {BATCH}, "
           f"shuffled, {args.rounds} rounds of one epoch per peer, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f} at start")
     peers = [Peer(name, args.rows) for name in names]

@@ -264,6 +264,9 @@ class ArraySource:
 
 def _payload_nbytes(value: Any) -> int:
     """Bytes held by a gathered value (ndarray, Ragged, tuple/list/dict of those)."""
+    if type(value) is dict:  # the usual batch, once per delivery: no ABC checks per value
+        return sum(v.nbytes if type(v) is np.ndarray else _payload_nbytes(v)
+                   for v in value.values())
     if isinstance(value, np.ndarray):
         return int(value.nbytes)
     if isinstance(value, Mapping):
