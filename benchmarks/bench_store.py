@@ -14,11 +14,11 @@ Per codec it reports:
 
 * first pass: every record read once in a random order, batches of 256. The store opens with
   ``verify="first"`` (the default), so this pass also verifies every record's crc32c once.
-* steady state: random batches (uniform, with replacement) after that, interleaved batch by batch
-  with ``numpy.load(mmap_mode="r")[sorted_idx]`` (and ``[idx]`` unsorted) so all see the same
-  machine state. Each reader gets its own random draw (the same indices would be in the CPU cache
-  for whoever reads them second); the store gets them unsorted, as a sampler produces them.
-  Throughput is the batch size over the median batch time (robust on a shared machine).
+* steady state: random batches (uniform, with replacement) after that, the store taking turns
+  with ``numpy.load(mmap_mode="r")[sorted_idx]`` (and ``[idx]`` unsorted) in blocks of 25
+  batches, so all see the same machine state. Each batch is a fresh random draw; the store gets
+  its ids unsorted, as a sampler produces them. Throughput is the batch size over the median
+  batch time (robust on a shared machine).
 * threaded: ``--threads`` threads gathering random batches at once, as the loader's workers do
   (a decoder that holds the GIL per record does not scale with threads).
 
@@ -40,6 +40,7 @@ import headrace
 from _page_cache import WARM_HELP, drop_page_cache, read_files
 
 DATA_DIR = Path(__file__).resolve().parent / "_data"
+BLOCK = 25  # batches a reader reads in one turn
 
 
 def make_rows(start: int, stop: int, row_bytes: int) -> np.ndarray:
@@ -115,20 +116,23 @@ def bench_codec(store_path: Path, mm: np.ndarray, *, batch: int, batches: int,
             "numpy_unsorted": lambda i: mm[i],
             "store": lambda i: st.gather(i)["x"],
         }
-        times = {name: np.empty(batches) for name in readers}
+        times: dict[str, list[float]] = {name: [] for name in readers}
         names = list(readers)
-        for k in range(batches):
-            # Independent draws per reader: re-reading the rows another reader just copied would
-            # find them in the CPU cache (a batch is ~0.8 MB) and flatter whoever goes second.
-            # The order rotates every batch so no reader always runs right after another.
+        for k in range(-(-batches // BLOCK)):
+            # Readers take turns in blocks of BLOCK batches (the order rotating every round), so
+            # a change in machine load hits all alike, while each reads on its own for a while,
+            # as a training loop does: turns of one batch made each reader pay for the others'
+            # cache and TLB footprint (~1 MB of rows per batch) on every batch. Each batch gets
+            # its own random draw.
             for name in names[k % 3:] + names[:k % 3]:
-                idx = rng.integers(0, n, size=batch)
-                if name == "numpy":
-                    idx.sort()
-                t = time.perf_counter()
-                out = readers[name](idx)
-                times[name][k] = time.perf_counter() - t
-                del out
+                for _ in range(BLOCK):
+                    idx = rng.integers(0, n, size=batch)
+                    if name == "numpy":
+                        idx.sort()
+                    t = time.perf_counter()
+                    out = readers[name](idx)
+                    times[name].append(time.perf_counter() - t)
+                    del out
         # Threads gathering at once, as the loader's workers do: decoders that hold the GIL
         # per record do not scale; best of 3 rounds of 64 batches per thread.
         threaded = 0.0
