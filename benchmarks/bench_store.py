@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{rate:,.0f} | {rate * args.row_bytes / 1e6:,.0f} | | | |")
     print(f"\n'{args.threads} threads': rows/s of {args.threads} threads gathering at once (best "
           "of 3 rounds); in brackets, the ratio to the one-thread steady rows/s.")
-    print("'vs numpy' compares with the NumPy batches timed in the same loop (interleaved); "
+    print("'vs numpy' compares with the NumPy batches timed in the same loop (turns of 25 batches); "
           "NumPy's rows/s above are the medians over the codec loops.")
     return 0
 
