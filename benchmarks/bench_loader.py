@@ -439,9 +439,14 @@ def main() -> None:
         if peer.sampler_s:
             shares = [b / (e / batches) for b, e in zip(peer.sampler_s, peer.seconds, strict=True)]
             per_batch = float(np.median(steady(peer))) / batches
+            cpu_shares = [b / (c / batches)
+                          for b, c in zip(peer.sampler_s, peer.cpu_s, strict=True)]
+            cpu_per_batch = float(np.median(peer.cpu_s[1:] or peer.cpu_s)) / batches
             print(f"\nsampler: {np.median(peer.sampler_s[1:] or peer.sampler_s) * 1e6:.1f} us per "
                   f"batch of {BATCH}; median share of headrace's time per batch "
-                  f"({per_batch * 1e6:.0f} us): {100 * np.median(shares[1:] or shares):.2f}%")
+                  f"({per_batch * 1e6:.0f} us): {100 * np.median(shares[1:] or shares):.2f}%; "
+                  f"of its CPU time per batch ({cpu_per_batch * 1e6:.0f} us, all threads): "
+                  f"{100 * np.median(cpu_shares[1:] or cpu_shares):.2f}%")
 
 
 if __name__ == "__main__":
