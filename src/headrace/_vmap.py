@@ -7,7 +7,8 @@ take followed by a scatter into the output.
 How: reserve an anonymous read-only range with Python's ``mmap`` (which owns it and unmaps the
 whole range when the last array viewing it is freed), then map each chunk file over its part with
 ``MAP_FIXED``. Chunk ``k`` starts at a multiple of ``lcm(record size, 2 MiB)`` (or of the page size
-when that would take too much address space), so record rows never straddle a hole. Only used where ``libc.mmap`` is reachable through ctypes (Linux, macOS);
+when that would take too much address space, or for a field under 4 MiB), so record rows never
+straddle a hole. Only used where ``libc.mmap`` is reachable through ctypes (Linux, macOS);
 callers fall back to one mapping per chunk when this returns ``None``.
 """
 
@@ -25,6 +26,7 @@ __all__ = ["map_concat"]
 
 _MAX_VIRTUAL_BYTES = 1 << 44  # 16 TiB of address space, far below the 128 TiB user space
 _HUGE = 2 << 20
+_SMALL_FIELD_BYTES = 4 << 20  # about what 4 KiB pages in the TLB reach
 _libc: ctypes.CDLL | None = None
 
 
@@ -58,7 +60,10 @@ def map_concat(files: list[tuple[str, int]], align: int) -> tuple[np.ndarray, li
     # pages with one TLB entry each, as it does for a plain mmap of one big file; with 4 KiB
     # boundaries random row reads were ~1.5x slower.
     step = math.lcm(align, _HUGE)
-    if step * len(files) > _MAX_VIRTUAL_BYTES // 4:
+    if (step * len(files) > _MAX_VIRTUAL_BYTES // 4
+            or sum(size for _path, size in files) <= _SMALL_FIELD_BYTES):
+        # A small field (labels) fits the TLB's reach in 4 KiB pages anyway: page steps let
+        # chunks that end on a page (a part of a parallel pack) sit back to back, ids = rows.
         step = math.lcm(align, mmap.PAGESIZE)
     starts, total = [], 0
     for _path, size in files:
