@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from ._audio import decode_audio, fit_channels, fit_length, resample
-from ._errors import ConfigError, DecodeError, LoaderError
-from ._lifecycle import ClosingMixin
+from ._errors import ConfigError, DecodeError
+from ._lifecycle import INNER_LOADER_KEYWORDS, SingleLoaderWrapper
 from ._loader import Loader
 from ._media_sources import MediaFiles, open_media
-from ._timeline import TimelineMixin, timeline_period
+from ._timeline import timeline_period
 
 __all__ = ["AudioLoader", "audio"]
 
@@ -94,7 +94,7 @@ class _Decoder:
         return {"samples": out, "labels": labels, "sample_rates_hz": rates, "ids": ids}
 
 
-class AudioLoader(TimelineMixin, ClosingMixin):
+class AudioLoader(SingleLoaderWrapper):
     """Iterates ``(samples, labels)`` batches; built by :func:`audio` (see it for the arguments).
 
     ``samples`` is ``float32[B, channels, sample_count]``, ``labels`` ``int64[B]`` (``-1`` for
@@ -103,6 +103,8 @@ class AudioLoader(TimelineMixin, ClosingMixin):
     """
 
     _timeline_kind = "audio"
+    _stats_summary = ("audio decoded {audio_decode_samples_total}, decode failures "
+                      "{audio_decode_failures_total}")
 
     def __init__(self, data: Any, *, batch: int, samples: int, channels: int,
                  rate_hz: int | None, on_decode_error: str, order: str, seed: int, epoch: int,
@@ -140,9 +142,7 @@ class AudioLoader(TimelineMixin, ClosingMixin):
         except BaseException:
             self.files.close()
             raise
-        self.batch_size = self._inner.batch_size
-        self.seed = self._inner.seed
-        self._start_timeline(timeline_s)
+        self._started(timeline_s)
 
     def _count(self, *, decoded: int, failed: int, frames: int) -> None:
         with self._lock:
@@ -152,35 +152,13 @@ class AudioLoader(TimelineMixin, ClosingMixin):
 
     # -- iteration -------------------------------------------------------------------------------
 
-    def __iter__(self) -> AudioLoader:
-        return self
-
     def __next__(self) -> Any:
-        while True:
-            try:
-                b = next(self._inner)
-            except StopIteration:
-                self._end_timeline()
-                raise
-            except LoaderError as e:
-                if isinstance(e.__cause__, DecodeError):
-                    raise e.__cause__.with_traceback(None) from e
-                raise
-            if len(b["ids"]) == 0:
-                continue  # every file of the batch failed to decode (skip policy)
-            self.last_ids = b["ids"]
-            self._tick_timeline()
-            if self.to_torch:
-                import torch
+        b = self._next_delivered("ids")
+        if self.to_torch:
+            import torch
 
-                b = {k: torch.from_numpy(v) for k, v in b.items()}
-            return b if self.as_dict else (b["samples"], b["labels"])
-
-    def __len__(self) -> int:
-        """Batches left to yield (``TypeError`` when endless)."""
-        if self._inner._end_epoch is None:
-            raise TypeError("an endless audio loader (epochs=None) has no length")
-        return len(self._inner)
+            b = {k: torch.from_numpy(v) for k, v in b.items()}
+        return b if self.as_dict else (b["samples"], b["labels"])
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -193,24 +171,6 @@ class AudioLoader(TimelineMixin, ClosingMixin):
             return decode_audio(self.files.open(0), samples=1)[1]
         except DecodeError:
             return None
-
-    @property
-    def classes(self) -> list[str] | None:
-        """Class names by label id (folder names or the store's ``_labels.tsv``), or ``None``."""
-        return self.files.classes
-
-    @property
-    def epoch(self) -> int:
-        return self._inner.epoch
-
-    @property
-    def loader(self) -> Loader:
-        """The underlying :class:`headrace.Loader`."""
-        return self._inner
-
-    def checkpoint(self) -> bytes:
-        """A token for ``resume=``: continues right after the last delivered batch."""
-        return self._inner.checkpoint()
 
     def stats(self) -> dict[str, Any]:
         """The loader's stats plus mx8's audio keys: ``audio_sample_count``,
@@ -229,22 +189,6 @@ class AudioLoader(TimelineMixin, ClosingMixin):
                 "audio_decoded_frames_total": self._frames,
             })
         return s
-
-    def print_stats(self) -> None:
-        s = self.stats()
-        self._inner.print_stats()
-        print(f"audio decoded {s['audio_decode_samples_total']}, decode failures "
-              f"{s['audio_decode_failures_total']}")
-
-    def close(self) -> None:
-        """Stops the threads and releases the data (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        inner = getattr(self, "_inner", None)
-        if inner is not None:
-            inner.close()
-        self.files.close()
 
     def __repr__(self) -> str:
         return (f"AudioLoader({self.files!r}, batch={self.batch_size}, "
@@ -290,9 +234,7 @@ def audio(data: Any, *, batch: int = 32, samples: int = 16000, channels: int = 1
         timeline: record a stats timeline (``True``: a snapshot every 0.5 s; a number: the
             period in seconds) for ``stats_timeline()`` and ``headrace.plot``.
     """
-    loader_kw = {"threads": threads, "inflight": inflight, "ram_gb": ram_gb, "queue": queue,
-                 "prefetch": prefetch, "profile": profile, "constraints": constraints,
-                 "runtime": runtime, "rank": rank, "world_size": world_size}
+    loader_kw = {k: v for k, v in locals().items() if k in INNER_LOADER_KEYWORDS}
     return AudioLoader(data, batch=batch, samples=samples, channels=channels, rate_hz=rate_hz,
                        on_decode_error=on_decode_error,
                        order=order or ("shuffle" if shuffle else "sequential"), seed=seed,

@@ -27,9 +27,9 @@ from ._errors import ConfigError, DecodeError, LoaderError
 from ._image_augment import ImageSpec, finish, plan_batch
 from ._image_decode import decode, image_size
 from ._image_sources import ImageRecords, open_image_records
-from ._lifecycle import ClosingMixin
+from ._lifecycle import INNER_LOADER_KEYWORDS, LoaderWrapper
 from ._loader import BatchPlan, Loader
-from ._timeline import TimelineMixin, timeline_period
+from ._timeline import timeline_period
 
 __all__ = ["ImageLoader", "image"]
 
@@ -142,7 +142,7 @@ class _Decoder:
         return {"images": out[:k], "labels": labels[sel], "ids": ids[sel]}
 
 
-class ImageLoader(TimelineMixin, ClosingMixin):
+class ImageLoader(LoaderWrapper):
     """Iterates ``(images, labels)`` batches; built by :func:`image` (see it for the arguments)
     or with mx8's long-name constructor (``ImageLoader(dataset_link, batch_size_samples=...)``).
 
@@ -152,6 +152,7 @@ class ImageLoader(TimelineMixin, ClosingMixin):
     """
 
     _timeline_kind = "image"
+    _stats_summary = "images decoded {images_decoded_total}, decode errors {decode_errors_total}"
 
     def __init__(self, dataset_link: Any, *, manifest_store: str | None = None,
                  manifest_path: str | None = None, recursive: bool = True,
@@ -240,9 +241,7 @@ class ImageLoader(TimelineMixin, ClosingMixin):
         order = o["order"] or ("shuffle" if o["shuffle"] else "sequential")
         if o["shuffle"] and str(order).lower() != "shuffle":
             raise ConfigError(f"shuffle=True conflicts with order={order!r}; pass only one")
-        loader_kw = {k: o[k] for k in ("threads", "inflight", "ram_gb", "queue", "prefetch",
-                                       "profile", "constraints", "runtime", "rank",
-                                       "world_size")}
+        loader_kw = {k: o[k] for k in INNER_LOADER_KEYWORDS}
         budget = o.get("budget")
         if budget is not None:  # a mix's share: outlives each epoch's Loader (see _EpochBudget)
             loader_kw["budget"] = _EpochBudget(budget)
@@ -323,9 +322,6 @@ class ImageLoader(TimelineMixin, ClosingMixin):
 
     # -- iteration -----------------------------------------------------------------------------
 
-    def __iter__(self) -> ImageLoader:
-        return self
-
     def __next__(self) -> tuple[Any, Any]:
         while True:
             inner = self._inner
@@ -390,7 +386,7 @@ class ImageLoader(TimelineMixin, ClosingMixin):
 
     def checkpoint(self) -> bytes:
         """A token for ``resume=``: continues after the last delivered batch, same augmentations."""
-        return (self._inner or self._last).checkpoint()
+        return self._current_loader().checkpoint()
 
     def stats(self) -> dict[str, Any]:
         """The loader's stats plus ``images_decoded_total`` and ``decode_errors_total`` (images
@@ -409,21 +405,15 @@ class ImageLoader(TimelineMixin, ClosingMixin):
         s["epoch"] = self._epoch
         return s
 
-    def print_stats(self) -> None:
-        s = self.stats()
-        (self._inner or self._last).print_stats()
-        print(f"images decoded {s['images_decoded_total']}, decode errors "
-              f"{s['decode_errors_total']}")
+    def _current_loader(self) -> Loader:
+        """The running epoch's loader, or the last one once the run is over or closed."""
+        return self._inner or self._last
 
-    def close(self) -> None:
-        """Stops the threads and releases the data (idempotent)."""
-        if self._closed:
-            return
-        self._stop()
+    def _release_data(self) -> None:
         self.records.close()
 
     def _stop(self) -> None:
-        """Stops the threads; the records stay open."""
+        """Stops the threads; the records stay open (``_reopen`` hands them on)."""
         self._closed = True
         if self._budget is not None:
             self._budget.close()  # wake workers waiting on the mix's share (_EpochBudget won't)
@@ -459,7 +449,7 @@ class ImageLoader(TimelineMixin, ClosingMixin):
     @property
     def config(self) -> Any:
         """The resolved memory settings (``max_inflight_bytes``, ...) of the running epoch."""
-        return (self._inner or self._last).config
+        return self._current_loader().config
 
     def __repr__(self) -> str:
         return (f"ImageLoader({self.records!r}, batch={self.batch_size}, out={self.item_shape}, "

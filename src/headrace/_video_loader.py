@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import ConfigError, DecodeError, LoaderError
-from ._lifecycle import ClosingMixin
+from ._errors import ConfigError, DecodeError
+from ._lifecycle import INNER_LOADER_KEYWORDS, SingleLoaderWrapper
 from ._loader import Loader
 from ._media_sources import MediaFiles, open_media
-from ._timeline import TimelineMixin, timeline_period
+from ._timeline import timeline_period
 from ._video_index import FAILURE_KINDS, ClipIndex, build_index, fps_fraction
 
 __all__ = ["ClipSource", "VideoLoader", "decode_clips", "video"]
@@ -205,7 +205,7 @@ class _Decoder:
         return {"frames": out, **batch}
 
 
-class VideoLoader(TimelineMixin, ClosingMixin):
+class VideoLoader(SingleLoaderWrapper):
     """Iterates clip batches; built by :func:`video` (see it for the arguments).
 
     Each batch is a dict: ``frames`` uint8 ``(B, clip, H, W, 3)`` RGB, ``clip_ids`` int64,
@@ -214,6 +214,8 @@ class VideoLoader(TimelineMixin, ClosingMixin):
     """
 
     _timeline_kind = "video"
+    _stats_summary = ("video clips decoded {video_clips_decoded_total}, failures "
+                      "{video_decode_failures_total}")
 
     def __init__(self, data: Any, *, clip: int, stride: int, fps: Any, batch: int,
                  resize: tuple[int, int] | None, on_error: str, order: str, seed: int,
@@ -264,9 +266,7 @@ class VideoLoader(TimelineMixin, ClosingMixin):
         except BaseException:
             self.files.close()
             raise
-        self.batch_size = self._inner.batch_size
-        self.seed = self._inner.seed
-        self._start_timeline(timeline_s)
+        self._started(timeline_s)
 
     def _frame_hw(self) -> tuple[int, int]:
         usable = [v for v, f in enumerate(self.index.failures) if f is None]
@@ -299,35 +299,13 @@ class VideoLoader(TimelineMixin, ClosingMixin):
 
     # -- iteration -------------------------------------------------------------------------------
 
-    def __iter__(self) -> VideoLoader:
-        return self
-
     def __next__(self) -> dict[str, Any]:
-        while True:
-            try:
-                b = next(self._inner)
-            except StopIteration:
-                self._end_timeline()
-                raise
-            except LoaderError as e:
-                if isinstance(e.__cause__, DecodeError):
-                    raise e.__cause__.with_traceback(None) from e
-                raise
-            if len(b["clip_ids"]) == 0:
-                continue  # every clip of the batch failed (on_error="count")
-            self.last_ids = b["clip_ids"]
-            self._tick_timeline()
-            if self.to_torch:
-                import torch
+        b = self._next_delivered("clip_ids")
+        if self.to_torch:
+            import torch
 
-                return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in b.items()}
-            return b
-
-    def __len__(self) -> int:
-        """Batches left to yield (``TypeError`` when endless)."""
-        if self._inner._end_epoch is None:
-            raise TypeError("an endless video loader (epochs=None) has no length")
-        return len(self._inner)
+            return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in b.items()}
+        return b
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -338,23 +316,6 @@ class VideoLoader(TimelineMixin, ClosingMixin):
     @property
     def frames_per_clip(self) -> int:
         return self.index.clip
-
-    @property
-    def classes(self) -> list[str] | None:
-        return self.files.classes
-
-    @property
-    def epoch(self) -> int:
-        return self._inner.epoch
-
-    @property
-    def loader(self) -> Loader:
-        """The underlying :class:`headrace.Loader`."""
-        return self._inner
-
-    def checkpoint(self) -> bytes:
-        """A token for ``resume=``: continues right after the last delivered batch."""
-        return self._inner.checkpoint()
 
     def stats(self) -> dict[str, Any]:
         """The loader's stats plus ``video_*`` keys: geometry, index counts (videos, by failure
@@ -383,22 +344,6 @@ class VideoLoader(TimelineMixin, ClosingMixin):
             for k, v in self._fail.items():
                 s[f"video_{k}_total"] = v
         return s
-
-    def print_stats(self) -> None:
-        s = self.stats()
-        self._inner.print_stats()
-        print(f"video clips decoded {s['video_clips_decoded_total']}, failures "
-              f"{s['video_decode_failures_total']}")
-
-    def close(self) -> None:
-        """Stops the threads and releases the data (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        inner = getattr(self, "_inner", None)
-        if inner is not None:
-            inner.close()
-        self.files.close()
 
     def __repr__(self) -> str:
         return (f"VideoLoader({self.files!r}, clips={len(self.index)}, clip={self.index.clip}, "
@@ -453,9 +398,7 @@ def video(data: Any, *, clip: int = 16, stride: int = 8, fps: Any = 8, batch: in
         ConfigError: bad knobs, no usable clip at all, or differing frame sizes without
             ``resize``.
     """
-    loader_kw = {"threads": threads, "inflight": inflight, "ram_gb": ram_gb, "queue": queue,
-                 "prefetch": prefetch, "profile": profile, "constraints": constraints,
-                 "runtime": runtime, "rank": rank, "world_size": world_size}
+    loader_kw = {k: v for k, v in locals().items() if k in INNER_LOADER_KEYWORDS}
     return VideoLoader(data, clip=clip, stride=stride, fps=fps, batch=batch, resize=resize,
                        on_error=on_error, order=order or ("shuffle" if shuffle else "sequential"),
                        seed=seed, epoch=epoch, epochs=epochs, drop_last=drop_last,
