@@ -7,8 +7,10 @@ messages. The folder and mx8 sources are also registered with ``headrace._source
 ``headrace.Loader(folder)`` reads them (fields ``image`` as ``Ragged`` bytes and ``label``).
 
 Also here: the folder scan that ``pack_dir`` shares (sorted byte-wise by relative path, hidden and
-non-image files skipped and counted, ImageFolder labels) and ``labels.tsv`` reading/writing with
-mx8's percent-encoding (``%`` ``%25``, space ``%20``, TAB ``%09``, non-ASCII bytes ``%C3%BC``).
+non-image files skipped and counted, ImageFolder labels), the ImageFolder labelling rule and the
+folder-records scaffolding that the audio/video folder source (``_media_sources``) shares too, and
+``labels.tsv`` reading/writing with mx8's percent-encoding (``%`` ``%25``, space ``%20``, TAB
+``%09``, non-ASCII bytes ``%C3%BC``).
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ from ._errors import ConfigError, CorruptionError, RecordIndexError
 from ._walk import list_files
 
 __all__ = ["IMAGE_EXTENSIONS", "FolderImages", "ImageRecords", "Mx8PackImages", "RawImages",
-           "Scan", "StoreImages", "decode_label", "encode_label", "is_image_folder",
-           "is_mx8_pack", "label_paths", "open_image_records", "parse_labels_tsv",
-           "read_labels_tsv", "scan_tree", "utf8_ragged", "write_labels_tsv"]
+           "Scan", "ScannedFolder", "StoreImages", "check_record_ids", "decode_label",
+           "encode_label", "folder_class_labels", "is_image_folder", "is_mx8_pack", "label_paths",
+           "open_image_records", "parse_labels_tsv", "read_labels_tsv", "scan_tree", "utf8_ragged",
+           "write_labels_tsv"]
 
 IMAGE_EXTENSIONS = frozenset({
     ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff",
@@ -116,7 +119,8 @@ def parse_labels_tsv(text: str, path: str) -> list[str]:
 
 @dataclass
 class Scan:
-    """The images under a root, in byte-wise order of their relative (``/``-separated) paths."""
+    """The files under a root (images, or audio/video for ``_media_sources.scan_media``), in
+    byte-wise order of their relative (``/``-separated) paths."""
 
     root: str
     paths: list[str]
@@ -162,11 +166,21 @@ def label_paths(paths: list[str], *, mode: str, require_labels: bool, root: str
                     "are unlabeled (label -1); move them into class folders, or pass "
                     "label_mode='none' to silence this")
         else:
-            first = [p.split("/", 1)[0] for p in paths]
-            classes = sorted(set(first), key=os.fsencode)  # mx8 1.0.7 assigns ids this way
-            cid = {c: i for i, c in enumerate(classes)}
-            labels = np.fromiter((cid[c] for c in first), np.int64, len(first))
+            labels, classes = folder_class_labels(paths)
     return labels, classes, note
+
+
+def folder_class_labels(paths: list[str]) -> tuple[np.ndarray, list[str]]:
+    """The ImageFolder rule: ``(labels, classes)`` where a file's class is its first-level folder.
+
+    Class ids follow the byte-wise sorted folder names, as mx8 1.0.7 assigns them; one rule for
+    images and for audio/video folders, so a tree labels the same whatever it holds. Every path
+    must sit in a folder (the callers check and say what to do when one does not).
+    """
+    first = [p.split("/", 1)[0] for p in paths]
+    classes = sorted(set(first), key=os.fsencode)
+    cid = {c: i for i, c in enumerate(classes)}
+    return np.fromiter((cid[c] for c in first), np.int64, len(first)), classes
 
 
 def scan_tree(root: str, *, label_mode: str | None = "auto", require_labels: bool = False,
@@ -191,6 +205,18 @@ def scan_tree(root: str, *, label_mode: str | None = "auto", require_labels: boo
 
 
 # -- what the image loader reads ---------------------------------------------------------------------
+
+
+def check_record_ids(ids: Any, n: int) -> np.ndarray:
+    """``ids`` as int64, or :class:`RecordIndexError` naming (up to 8 of) those outside ``[0, n)``.
+
+    Shared by the image and media records, so both refuse a bad id with the same message.
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= n):
+        bad = ids[(ids < 0) | (ids >= n)][:8].tolist()
+        raise RecordIndexError(f"record ids {bad} are outside [0, {n})")
+    return ids
 
 
 class ImageRecords:
@@ -224,12 +250,7 @@ class ImageRecords:
         raise NotImplementedError
 
     def _check(self, ids: np.ndarray) -> np.ndarray:
-        ids = np.asarray(ids, dtype=np.int64)
-        n = len(self)
-        if ids.size and (ids.min() < 0 or ids.max() >= n):
-            bad = ids[(ids < 0) | (ids >= n)][:8].tolist()
-            raise RecordIndexError(f"record ids {bad} are outside [0, {n})")
-        return ids
+        return check_record_ids(ids, len(self))
 
     # -- the Source protocol (a generic Loader gets Ragged bytes and labels) ---------------------
 
@@ -279,29 +300,30 @@ def _ragged_views(r: Any) -> list[Any]:
     return [mv[a:b] for a, b in itertools.pairwise(offs)]
 
 
-class FolderImages(ImageRecords):
-    """A raw local image tree, decoded on the fly (labels by first-level folder, see ``scan_tree``).
+class ScannedFolder:
+    """Records that are the files of one folder :class:`Scan`, in its order: the length, the
+    path per record and the fingerprint, shared by the image and the audio/video folder sources.
 
-    The fingerprint hashes the relative paths, sizes and mtimes, so a checkpoint is refused after
-    files were added, removed or rewritten.
+    The fingerprint hashes the relative paths, sizes and mtimes, so a checkpoint (or a cached
+    video index) is not reused after files were added, removed or rewritten.
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, label_mode: str | None = "auto",
-                 require_labels: bool = False) -> None:
-        self.scan = scan_tree(os.fspath(root), label_mode=label_mode,
-                              require_labels=require_labels)
-        if self.scan.note is not None:
-            warnings.warn(self.scan.note, UserWarning, stacklevel=3)
-        self.root = self.scan.root
-        self.classes = self.scan.classes
+    scan: Scan
+    root: str
+    classes: list[str] | None
+    _fingerprint: str
+
+    def _use_scan(self, scan: Scan, *, fingerprint_prefix: str, digest_chars: int) -> None:
+        # prefix and digest length differ per source and stay as they were: fingerprints are
+        # stored in checkpoints and video index caches
+        self.scan = scan
+        self.root = scan.root
+        self.classes = scan.classes
         h = hashlib.sha256()
-        assert self.scan.mtimes is not None
-        for p, s, mt in zip(self.scan.paths, self.scan.sizes.tolist(),
-                            self.scan.mtimes.tolist(), strict=True):
+        assert scan.mtimes is not None
+        for p, s, mt in zip(scan.paths, scan.sizes.tolist(), scan.mtimes.tolist(), strict=True):
             h.update(f"{p}\0{s}\0{mt}\n".encode("utf-8", "surrogateescape"))
-        self._fingerprint = f"folder:{len(self.scan.paths)}:{h.hexdigest()[:16]}"
-        self._path_len = np.fromiter((len(p.encode("utf-8", "surrogateescape"))
-                                      for p in self.scan.paths), np.int64, len(self.scan.paths))
+        self._fingerprint = f"{fingerprint_prefix}:{len(scan.paths)}:{h.hexdigest()[:digest_chars]}"
 
     def __len__(self) -> int:
         return len(self.scan.paths)
@@ -312,6 +334,20 @@ class FolderImages(ImageRecords):
 
     def path(self, i: int) -> str:
         return self.scan.paths[i]
+
+
+class FolderImages(ScannedFolder, ImageRecords):
+    """A raw local image tree, decoded on the fly (labels by first-level folder, see ``scan_tree``;
+    fingerprint: see :class:`ScannedFolder`)."""
+
+    def __init__(self, root: str | os.PathLike[str], *, label_mode: str | None = "auto",
+                 require_labels: bool = False) -> None:
+        scan = scan_tree(os.fspath(root), label_mode=label_mode, require_labels=require_labels)
+        if scan.note is not None:
+            warnings.warn(scan.note, UserWarning, stacklevel=3)
+        self._use_scan(scan, fingerprint_prefix="folder", digest_chars=16)
+        self._path_len = np.fromiter((len(p.encode("utf-8", "surrogateescape"))
+                                      for p in scan.paths), np.int64, len(scan.paths))
 
     def payloads(self, ids: np.ndarray) -> list[Any]:
         out = []

@@ -16,12 +16,19 @@ import io
 import os
 import shutil
 import struct
-from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from ._errors import ConfigError, RecordIndexError, StoreExistsError
+from ._errors import ConfigError, StoreExistsError
+from ._image_sources import (
+    Scan,
+    ScannedFolder,
+    check_record_ids,
+    folder_class_labels,
+    read_labels_tsv,
+    write_labels_tsv,
+)
 from ._walk import list_files
 
 __all__ = ["AUDIO_EXTENSIONS", "VIDEO_EXTENSIONS", "FolderMedia", "MediaFiles", "StoreMedia",
@@ -95,20 +102,8 @@ class ViewReader(io.RawIOBase):
 # -- scanning a folder ------------------------------------------------------------------------------
 
 
-@dataclass
-class MediaScan:
-    """The media files under a root, in byte-wise order of their relative paths."""
-
-    root: str
-    paths: list[str]
-    sizes: np.ndarray
-    labels: np.ndarray
-    classes: list[str] | None
-    skipped: dict[str, int] = field(default_factory=dict)
-
-
 def scan_media(root: str, *, kind: str, labels: bool | None = None,
-               exclude: str | None = None) -> MediaScan:
+               exclude: str | None = None) -> Scan:
     """Lists the ``kind`` (``"audio"``/``"video"``) files under ``root`` with their labels.
 
     Args:
@@ -129,12 +124,10 @@ def scan_media(root: str, *, kind: str, labels: bool | None = None,
                           f"files sit directly in {root} (e.g. {top[:3]}); move them into class "
                           "folders or pass labels=None/False")
     if labels is not False and paths and not top:
-        first = [p.split("/", 1)[0] for p in paths]
-        classes = sorted(set(first), key=os.fsencode)
-        cid = {c: i for i, c in enumerate(classes)}
-        label_ids = np.fromiter((cid[c] for c in first), np.int64, len(first))
-    return MediaScan(root, paths, sizes, label_ids, classes,
-                     {"hidden": listing.hidden, f"non_{kind}": listing.other})
+        label_ids, classes = folder_class_labels(paths)
+    return Scan(root, paths, sizes, label_ids, classes,
+                {"hidden": listing.hidden, f"non_{kind}": listing.other},
+                mtimes=listing.mtimes_ns)
 
 
 # -- records ----------------------------------------------------------------------------------------
@@ -167,47 +160,23 @@ class MediaFiles:
         return 0
 
     def check(self, ids: Any) -> np.ndarray:
-        ids = np.asarray(ids, dtype=np.int64)
-        n = len(self)
-        if ids.size and (ids.min() < 0 or ids.max() >= n):
-            bad = ids[(ids < 0) | (ids >= n)][:8].tolist()
-            raise RecordIndexError(f"record ids {bad} are outside [0, {n})")
-        return ids
+        return check_record_ids(ids, len(self))
 
     def close(self) -> None:
         pass
 
 
-class FolderMedia(MediaFiles):
-    """A raw local folder of audio or video files (see :func:`scan_media`).
-
-    The fingerprint hashes relative paths, sizes and mtimes: a checkpoint (and a cached video
-    index) is not reused after files were added, removed or rewritten.
-    """
+class FolderMedia(ScannedFolder, MediaFiles):
+    """A raw local folder of audio or video files (see :func:`scan_media`; fingerprint: see
+    :class:`~headrace._image_sources.ScannedFolder`)."""
 
     def __init__(self, root: str | os.PathLike[str], *, kind: str,
                  labels: bool | None = None) -> None:
-        self.scan = scan_media(os.fspath(root), kind=kind, labels=labels)
-        self.root = self.scan.root
-        self.classes = self.scan.classes
-        h = hashlib.sha256()
-        for p, s in zip(self.scan.paths, self.scan.sizes.tolist(), strict=True):
-            mt = os.stat(os.path.join(self.root, p)).st_mtime_ns
-            h.update(f"{p}\0{s}\0{mt}\n".encode("utf-8", "surrogateescape"))
-        self._fingerprint = f"{kind}-folder:{len(self.scan.paths)}:{h.hexdigest()[:24]}"
-
-    def __len__(self) -> int:
-        return len(self.scan.paths)
-
-    @property
-    def fingerprint(self) -> str:
-        return self._fingerprint
+        self._use_scan(scan_media(os.fspath(root), kind=kind, labels=labels),
+                       fingerprint_prefix=f"{kind}-folder", digest_chars=24)
 
     def open(self, i: int) -> str:
         return os.path.join(self.root, self.scan.paths[i])
-
-    def path(self, i: int) -> str:
-        return self.scan.paths[i]
 
     def labels(self, ids: np.ndarray) -> np.ndarray:
         return self.scan.labels[self.check(ids)]
@@ -221,7 +190,6 @@ class StoreMedia(MediaFiles):
     optional ``label`` (int64) and ``path`` fields: what :func:`pack_media` writes."""
 
     def __init__(self, store: Any, *, owned: bool = False) -> None:
-        from ._image_sources import read_labels_tsv
         from ._sources import store_fingerprint
 
         self.store = store
@@ -310,7 +278,6 @@ def pack_media(in_dir: str | os.PathLike[str], *, out: str | os.PathLike[str], k
     bar on stderr (``None``: only on a terminal). Returns
     ``{"samples", "classes", "labels_path", "skipped", "dataset_hash", "path"}``.
     """
-    from ._image_sources import write_labels_tsv
     from ._progress import progress as progress_bar
     from ._writer import create
 
