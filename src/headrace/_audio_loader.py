@@ -21,7 +21,7 @@ import numpy as np
 
 from ._audio import decode_audio, fit_channels, fit_length, resample
 from ._errors import ConfigError, DecodeError
-from ._lifecycle import INNER_LOADER_KEYWORDS, SingleLoaderWrapper
+from ._lifecycle import INNER_LOADER_KEYWORDS, BorrowedRecords, SingleLoaderWrapper
 from ._loader import Loader
 from ._media_sources import MediaFiles, open_media
 from ._timeline import timeline_period
@@ -31,27 +31,13 @@ __all__ = ["AudioLoader", "audio"]
 _ERROR_POLICIES = ("error", "skip")
 
 
-class _LabelSource:
+class _LabelSource(BorrowedRecords):
     """``MediaFiles`` as a loader source: a batch's labels (decoding is the transform's job)."""
 
-    def __init__(self, files: MediaFiles) -> None:
-        self.files = files
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    @property
-    def fingerprint(self) -> str:
-        return self.files.fingerprint
-
-    def nbytes(self, ids: np.ndarray) -> int:
-        return self.files.payload_nbytes(ids) + 8 * len(ids)
+    records: MediaFiles
 
     def gather(self, ids: np.ndarray) -> dict[str, Any]:
-        return {"label": self.files.labels(ids)}
-
-    def close(self) -> None:
-        pass  # the AudioLoader owns the files
+        return {"label": self.records.labels(ids)}
 
 
 class _Decoder:

@@ -27,7 +27,7 @@ from ._errors import ConfigError, DecodeError, LoaderError
 from ._image_augment import ImageSpec, finish, plan_batch
 from ._image_decode import decode, image_size
 from ._image_sources import ImageRecords, open_image_records
-from ._lifecycle import INNER_LOADER_KEYWORDS, LoaderWrapper
+from ._lifecycle import INNER_LOADER_KEYWORDS, BorrowedRecords, LoaderWrapper
 from ._loader import BatchPlan, Loader
 from ._timeline import timeline_period
 
@@ -36,27 +36,13 @@ __all__ = ["ImageLoader", "image"]
 _ERROR_POLICIES = ("error", "skip")
 
 
-class _RecordsSource:
+class _RecordsSource(BorrowedRecords):
     """``ImageRecords`` as a loader source that gathers payload views, not copies."""
 
-    def __init__(self, records: ImageRecords) -> None:
-        self.records = records
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    @property
-    def fingerprint(self) -> str:
-        return self.records.fingerprint
-
-    def nbytes(self, ids: np.ndarray) -> int:
-        return self.records.payload_nbytes(ids) + 8 * len(ids)
+    records: ImageRecords
 
     def gather(self, ids: np.ndarray) -> dict[str, Any]:
         return {"payloads": self.records.payloads(ids), "label": self.records.labels(ids)}
-
-    def close(self) -> None:
-        pass  # the ImageLoader owns the records
 
 
 class _Job:
@@ -444,7 +430,7 @@ class ImageLoader(LoaderWrapper):
         """The records as a sized source; ``nbytes(ids)`` counts the payloads *and* the decoded
         images of those records (what one batch holds in the loader: ``headrace.mix`` reserves
         that much per source)."""
-        return _Footprint(self._source, self._per_item)
+        return _Footprint(self.records, self._per_item)
 
     @property
     def config(self) -> Any:
@@ -456,22 +442,15 @@ class ImageLoader(LoaderWrapper):
                 f"dtype={self.dtype}, epoch={self._epoch})")
 
 
-class _Footprint:
+class _Footprint(BorrowedRecords):
     """``len`` and ``nbytes`` of an image loader's batches (payloads + decoded output)."""
 
-    def __init__(self, source: _RecordsSource, per_item: int) -> None:
-        self._source = source
+    def __init__(self, records: ImageRecords, per_item: int) -> None:
+        super().__init__(records)
         self._per_item = per_item
 
-    def __len__(self) -> int:
-        return len(self._source)
-
-    @property
-    def fingerprint(self) -> str:
-        return self._source.fingerprint
-
     def nbytes(self, ids: np.ndarray) -> int:
-        return int(self._source.nbytes(ids)) + self._per_item * len(ids)
+        return int(super().nbytes(ids)) + self._per_item * len(ids)
 
 
 class _EpochBudget:

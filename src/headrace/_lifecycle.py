@@ -4,13 +4,16 @@ The audio, video and image loaders each run an inner ``Loader`` over data they o
 or image records) and add a decoding transform. What they do around it is the same: ``with`` and
 a finalizer, an idempotent ``close()`` that stops the threads before releasing the data,
 ``print_stats()`` as the inner loader's report plus one line of their own, decode errors raised
-in a worker re-raised as they were, the ``Loader`` keywords passed through unchanged. Those
+in a worker re-raised as they were, the ``Loader`` keywords passed through unchanged, and the
+inner loader's source: a view of the records that leaves closing them to the wrapper. Those
 live here, so each loader states only what differs.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
+
+import numpy as np
 
 from ._errors import DecodeError, LoaderError
 from ._timeline import TimelineMixin
@@ -19,12 +22,50 @@ if TYPE_CHECKING:
     from ._loader import Loader
     from ._media_sources import MediaFiles
 
-__all__ = ["INNER_LOADER_KEYWORDS", "ClosingMixin", "LoaderWrapper", "SingleLoaderWrapper"]
+__all__ = ["INNER_LOADER_KEYWORDS", "BorrowedRecords", "ClosingMixin", "LoaderWrapper",
+           "SingleLoaderWrapper"]
 
 #: the keywords of ``audio()``, ``video()`` and ``image()`` that go to the inner ``Loader`` as
 #: they are (their meaning is the Loader's: docs/api.md)
 INNER_LOADER_KEYWORDS = ("threads", "inflight", "ram_gb", "queue", "prefetch", "profile",
                          "constraints", "runtime", "rank", "world_size")
+
+
+class _Records(Protocol):
+    """What :class:`BorrowedRecords` needs of ``MediaFiles`` / ``ImageRecords``."""
+
+    def __len__(self) -> int: ...
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def payload_nbytes(self, ids: np.ndarray) -> int: ...
+
+
+class BorrowedRecords:
+    """The inner ``Loader``'s source over records that the wrapping loader owns.
+
+    ``close()`` does nothing: the wrapper closes the records itself, after the threads stopped,
+    and may hand them on (the image loader's epochs and ``mix`` rebuilds reuse them). A batch
+    holds what ``gather`` returns: the payloads the records copy into memory (views of a mapping
+    cost nothing) plus an int64 label per record. Subclasses define ``gather``.
+    """
+
+    def __init__(self, records: _Records) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.records.fingerprint
+
+    def nbytes(self, ids: np.ndarray) -> int:
+        return self.records.payload_nbytes(ids) + 8 * len(ids)
+
+    def close(self) -> None:
+        pass
 
 
 class ClosingMixin:
