@@ -92,7 +92,7 @@ class ClosingMixin:
 
 
 class LoaderWrapper(TimelineMixin, ClosingMixin):
-    """A loader class that runs inner ``Loader`` s over data it owns (see the module docstring).
+    """A loader class that runs inner ``Loader`` objects over data it owns (module docstring).
 
     Subclasses set ``_closed`` in their constructor and ``_stats_summary``, and define
     ``stats()``, ``_current_loader`` (the inner loader whose report ``print_stats`` shows),
