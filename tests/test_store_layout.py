@@ -119,6 +119,8 @@ def test_steady_plan_checks_ids_and_follows_new_commits(tmp_path):
     for bad in ([len(x)], [-1], [3, 10**12]):
         with pytest.raises(headrace.RecordIndexError, match="out of range"):
             st.gather(np.array(bad, np.int64))
+    got = st.gather(np.array([4, 2]), (f for f in ["y"]))  # any iterable, used once
+    np.testing.assert_array_equal(got["y"], y[[4, 2]])
     got = st.gather(np.array([4, 2]), ["y"])  # a field list gets its own plan
     np.testing.assert_array_equal(got["y"], y[[4, 2]])
     assert list(got) == ["y"]

@@ -284,7 +284,9 @@ class Store:
             CorruptionError: a record's bytes or index entry are damaged (names field and ids).
         """
         st = self._st
-        key = fields if fields is None or isinstance(fields, str) else tuple(fields)
+        if fields is not None and not isinstance(fields, str):
+            fields = tuple(fields)  # once: an iterator would be used up by the plan key
+        key = fields
         plan = self._plans.get(key)
         if plan is not None and plan.snapshot is st:
             idx = self._indices(st, indices)
