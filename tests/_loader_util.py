@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -78,3 +79,22 @@ def wait_for(predicate: Callable[[], bool], *, timeout_s: float = 10.0) -> bool:
 
 def headrace_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("headrace-")]
+
+
+# A small learnable dataset for the framework adapters' training tests.
+N_ROWS = 2_000
+N_FEATURES = 64
+N_CLASSES = 4
+
+
+def make_learnable_store(path: Path) -> Path:
+    """2,000 x 64 float32 features; the label is the argmax of a fixed linear map (learnable)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((N_ROWS, N_FEATURES), dtype=np.float32)
+    w = rng.standard_normal((N_FEATURES, N_CLASSES), dtype=np.float32)
+    label = np.argmax(x @ w, axis=1).astype(np.int64)
+    with headrace.create(path, fields={
+            "x": {"dtype": "float32", "shape": [N_FEATURES]}, "label": "int64"}) as writer:
+        writer.append({"x": x, "label": label})
+        writer.commit()
+    return path

@@ -20,28 +20,12 @@ from jax.sharding import PartitionSpec as P
 
 import headrace
 import headrace.jax
-
-N_ROWS = 2_000
-N_FEATURES = 64
-N_CLASSES = 4
-
-
-def make_store(path: Path) -> Path:
-    """2,000 x 64 float32 features; the label is the argmax of a fixed linear map (learnable)."""
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((N_ROWS, N_FEATURES), dtype=np.float32)
-    w = rng.standard_normal((N_FEATURES, N_CLASSES), dtype=np.float32)
-    label = np.argmax(x @ w, axis=1).astype(np.int64)
-    with headrace.create(path, fields={
-            "x": {"dtype": "float32", "shape": [N_FEATURES]}, "label": "int64"}) as writer:
-        writer.append({"x": x, "label": label})
-        writer.commit()
-    return path
+from _loader_util import N_CLASSES, N_FEATURES, N_ROWS, make_learnable_store
 
 
 @pytest.fixture(scope="module")
 def store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_store(tmp_path_factory.mktemp("jax") / "store")
+    return make_learnable_store(tmp_path_factory.mktemp("jax") / "store")
 
 
 def host_stream(batches) -> list[dict[str, np.ndarray]]:

@@ -12,25 +12,12 @@ from torch.utils.data import DataLoader
 
 import headrace
 import headrace.torch
-
-N_ROWS = 2_000
-N_FEATURES = 64
-N_CLASSES = 4
+from _loader_util import N_CLASSES, N_FEATURES, N_ROWS, make_learnable_store
 
 
 @pytest.fixture(scope="module")
 def store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """2,000 x 64 float32 features; the label is the argmax of a fixed linear map (learnable)."""
-    path = tmp_path_factory.mktemp("torch") / "store"
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((N_ROWS, N_FEATURES), dtype=np.float32)
-    w = rng.standard_normal((N_FEATURES, N_CLASSES), dtype=np.float32)
-    label = np.argmax(x @ w, axis=1).astype(np.int64)
-    with headrace.create(path, fields={
-            "x": {"dtype": "float32", "shape": [N_FEATURES]}, "label": "int64"}) as writer:
-        writer.append({"x": x, "label": label})
-        writer.commit()
-    return path
+    return make_learnable_store(tmp_path_factory.mktemp("torch") / "store")
 
 
 def as_numpy(batches) -> list[dict[str, np.ndarray]]:
