@@ -12,6 +12,7 @@ import os
 import shutil
 import struct
 import warnings
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
@@ -22,7 +23,7 @@ from ._errors import ConfigError, StoreExistsError
 from ._image_sources import scan_tree, write_labels_tsv
 from ._progress import progress as progress_bar
 
-__all__ = ["LABELS_FILE", "pack_dir"]
+__all__ = ["LABELS_FILE", "pack_dir", "read_batches"]
 
 LABELS_FILE = "_labels.tsv"
 _BATCH_BYTES = 32 << 20
@@ -35,17 +36,40 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-def _batches(sizes: np.ndarray) -> list[tuple[int, int]]:
-    """[start, end) ranges of at most _BATCH_FILES files / _BATCH_BYTES bytes (>= 1 file)."""
+def _batches(sizes: np.ndarray, batch_bytes: int, batch_files: int) -> list[tuple[int, int]]:
+    """[start, end) ranges of at most ``batch_files`` files / ``batch_bytes`` bytes (>= 1 file)."""
     out, start, acc = [], 0, 0
     for i, s in enumerate(sizes.tolist()):
-        if i > start and (i - start >= _BATCH_FILES or acc + s > _BATCH_BYTES):
+        if i > start and (i - start >= batch_files or acc + s > batch_bytes):
             out.append((start, i))
             start, acc = i, 0
         acc += s
     if start < len(sizes):
         out.append((start, len(sizes)))
     return out
+
+
+def read_batches(root: str, paths: Sequence[str], sizes: np.ndarray, *,
+                 batch_bytes: int | None = None, batch_files: int | None = None
+                 ) -> Iterator[tuple[int, int, list[bytes]]]:
+    """``(start, end, file bytes)`` per bounded batch of ``paths`` (relative to ``root``).
+
+    Files are read by a small thread pool, one batch ahead of the one handed out, so at most two
+    batches are in memory (the defaults are read when called, so tests can shrink them).
+    """
+    spans = _batches(sizes, _BATCH_BYTES if batch_bytes is None else batch_bytes,
+                     _BATCH_FILES if batch_files is None else batch_files)
+    with ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="headrace-pack") as pool:
+        pending = None
+        for k in range(len(spans) + 1):
+            nxt = None
+            if k < len(spans):
+                a, b = spans[k]
+                nxt = (a, b, pool.map(_read, [os.path.join(root, p) for p in paths[a:b]]))
+            if pending is not None:
+                pa, pb, datas = pending
+                yield pa, pb, list(datas)
+            pending = nxt
 
 
 def pack_dir(in_dir: str | os.PathLike[str], *, out: str | os.PathLike[str],
@@ -131,31 +155,18 @@ def pack_dir(in_dir: str | os.PathLike[str], *, out: str | os.PathLike[str],
                 "classes": scan.classes, "dataset_hash": digest.hexdigest(),
                 "skipped": dict(scan.skipped), "labels_note": scan.note, "path": out}
     with create(out, fields=fields, chunk_mb=shard_mb, attrs=attrs) as w, \
-            ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="headrace-pack") as pool, \
             progress_bar(int(scan.sizes.sum()), desc="pack_dir", enabled=progress) as bar:
         if scan.classes is not None:
             write_labels_tsv(os.path.join(out, LABELS_FILE), scan.classes)
-        ranges = _batches(scan.sizes)
-        # One batch is read ahead while the previous one is appended: two batches in memory.
-        pending = None
-        for k in range(len(ranges) + 1):
-            nxt = None
-            if k < len(ranges):
-                a, b = ranges[k]
-                nxt = (a, b, pool.map(_read, [os.path.join(scan.root, p)
-                                              for p in scan.paths[a:b]]))
-            if pending is not None:
-                pa, pb, datas = pending
-                blobs = list(datas)
-                paths = [p.encode("utf-8", "surrogateescape") for p in scan.paths[pa:pb]]
-                labels = scan.labels[pa:pb]
-                for blob, path, label in zip(blobs, paths, labels.tolist(), strict=True):
-                    digest.update(struct.pack("<QqQ", len(blob), label, len(path)))
-                    digest.update(path)
-                    digest.update(blob)
-                w.append({"image": blobs, "label": labels, "path": paths})
-                bar.update(sum(len(b) for b in blobs))
-            pending = nxt
+        for a, b, blobs in read_batches(scan.root, scan.paths, scan.sizes):
+            paths = [p.encode("utf-8", "surrogateescape") for p in scan.paths[a:b]]
+            labels = scan.labels[a:b]
+            for blob, path, label in zip(blobs, paths, labels.tolist(), strict=True):
+                digest.update(struct.pack("<QqQ", len(blob), label, len(path)))
+                digest.update(path)
+                digest.update(blob)
+            w.append({"image": blobs, "label": labels, "path": paths})
+            bar.update(sum(map(len, blobs)))
         w.commit()
     with open_store(out) as st:
         chunks = len(st.meta.chunks)

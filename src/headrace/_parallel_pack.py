@@ -507,32 +507,13 @@ class FileReader:
     batch_files: int = 1024
 
     def __call__(self) -> Iterator[Mapping[str, Any]]:
-        from concurrent.futures import ThreadPoolExecutor
+        from ._pack_dir import read_batches
 
-        from ._pack_dir import _read
-
-        n = len(self.paths)
-        spans, start, acc = [], 0, 0
-        for i, s in enumerate(self.sizes.tolist()):
-            if i > start and (i - start >= self.batch_files or acc + s > self.batch_bytes):
-                spans.append((start, i))
-                start, acc = i, 0
-            acc += s
-        if start < n:
-            spans.append((start, n))
-        with ThreadPoolExecutor(4, thread_name_prefix="headrace-pack") as pool:
-            nxt = None
-            for k in range(len(spans) + 1):
-                cur = nxt
-                if k < len(spans):
-                    a, b = spans[k]
-                    nxt = (a, b, pool.map(_read, [os.path.join(self.root, p)
-                                                  for p in self.paths[a:b]]))
-                if cur is not None:
-                    a, b, datas = cur
-                    yield {"image": list(datas), "label": self.labels[a:b],
-                           "path": [p.encode("utf-8", "surrogateescape")
-                                    for p in self.paths[a:b]]}
+        for a, b, blobs in read_batches(self.root, self.paths, self.sizes,
+                                        batch_bytes=self.batch_bytes,
+                                        batch_files=self.batch_files):
+            yield {"image": blobs, "label": self.labels[a:b],
+                   "path": [p.encode("utf-8", "surrogateescape") for p in self.paths[a:b]]}
 
 
 @dataclass(frozen=True)
