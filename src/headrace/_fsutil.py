@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
+import shutil
 
 from headrace._errors import StoreFullError, WriterBusyError
 
-__all__ = ["acquire_lock", "copy_prefix", "is_disk_full", "pwrite_all", "store_full"]
+__all__ = ["acquire_lock", "copy_prefix", "is_disk_full", "pwrite_all", "store_full", "undo_dir"]
 
 _FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
@@ -79,3 +81,20 @@ def store_full(store: str, e: OSError) -> StoreFullError:
         "(or `headrace compact` the store) and write again")
     err.errno = e.errno
     return err
+
+
+def undo_dir(path: str | os.PathLike[str], *, made: bool) -> None:
+    """Removes what a failed create or pack left at ``path``, so a retry finds it as before.
+
+    ``made``: this call created the directory (remove it); else it was empty before (empty it).
+    """
+    if made:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    for name in os.listdir(path):
+        full = os.path.join(path, name)
+        if os.path.isdir(full) and not os.path.islink(full):
+            shutil.rmtree(full, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(full)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import shutil
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
@@ -24,6 +23,7 @@ import numpy as np
 
 from . import _parallel_pack
 from ._errors import ConfigError, SchemaError, StoreExistsError
+from ._fsutil import undo_dir
 from ._progress import progress as _progress_bar
 
 __all__ = ["pack_arrays"]
@@ -281,10 +281,8 @@ def pack_arrays(out: str | os.PathLike[str], *, codec: str | Mapping[str, str] =
                 bar.update((stop - start) * row_bytes)
     except BaseException:
         # Leave no half-written store behind to block a retry (only what this call made).
-        if created:
-            shutil.rmtree(out_path, ignore_errors=True)
-        elif was_empty:
-            _clear_dir(out_path)
+        if created or was_empty:
+            undo_dir(out_path, made=created)
         raise
     return {
         "path": str(out_path),
@@ -293,11 +291,3 @@ def pack_arrays(out: str | os.PathLike[str], *, codec: str | Mapping[str, str] =
         "bytes_written": _dir_bytes(out_path),
         "seconds": time.perf_counter() - t0,
     }
-
-
-def _clear_dir(path: Path) -> None:
-    for child in path.iterdir():
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child, ignore_errors=True)
-        else:
-            child.unlink(missing_ok=True)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import ConfigError, DecodeError
+from ._fsutil import undo_dir
 from ._progress import progress as progress_bar
 from ._tokenizer import TextTokenizer, as_tokenizer
 
@@ -291,15 +291,7 @@ def _pack(docs: _Docs, out: str, tok: TextTokenizer, *, field: str, on_decode_er
     except BaseException:
         writer.close()
         # create() succeeded, so out was new or empty: leave nothing half-made behind
-        if made:
-            shutil.rmtree(out, ignore_errors=True)
-        else:
-            for name in os.listdir(out):
-                full = os.path.join(out, name)
-                if os.path.isdir(full):
-                    shutil.rmtree(full, ignore_errors=True)
-                else:
-                    os.unlink(full)
+        undo_dir(out, made=made)
         raise
     writer.close()
     return {"path": out, **counts, **tok.identity()}

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import weakref
 from collections.abc import Iterable, Mapping
 from types import TracebackType
@@ -53,7 +52,14 @@ from headrace._format import (
     FieldSpec,
     Meta,
 )
-from headrace._fsutil import acquire_lock, copy_prefix, is_disk_full, pwrite_all, store_full
+from headrace._fsutil import (
+    acquire_lock,
+    copy_prefix,
+    is_disk_full,
+    pwrite_all,
+    store_full,
+    undo_dir,
+)
 from headrace._recover import recover
 
 __all__ = ["Writer", "chunk_bytes_of", "create", "raw_chunk_bytes"]
@@ -632,15 +638,7 @@ def create(path: str | os.PathLike[str], *, fields: Mapping[str, Any] | Iterable
     except BaseException as e:
         os.close(lock_fd)
         if not committed:  # leave no half-made store behind: create() can simply be retried
-            if made_dir:
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                for name in os.listdir(path):
-                    full = os.path.join(path, name)
-                    if os.path.isdir(full):
-                        shutil.rmtree(full, ignore_errors=True)
-                    else:
-                        os.unlink(full)
+            undo_dir(path, made=made_dir)
         if is_disk_full(e):
             raise store_full(path, e) from e  # type: ignore[arg-type]
         raise
