@@ -170,6 +170,21 @@ def test_store_equals_folder(folder: str, tmp_path: str) -> None:
     np.testing.assert_array_equal(ya, yb)
 
 
+def test_pack_media_replaces_only_a_store_and_only_when_asked(folder: str, tmp_path: str) -> None:
+    out = os.path.join(str(tmp_path), "store")
+    pack_media(folder, out=out, kind="audio")
+    with pytest.raises(headrace.StoreExistsError, match=r"pack_media: .*overwrite=True"):
+        pack_media(folder, out=out, kind="audio")
+    assert pack_media(folder, out=out, kind="audio", overwrite=True)["samples"] == 6
+    other = os.path.join(str(tmp_path), "other")
+    os.makedirs(other)
+    with open(os.path.join(other, "keep.txt"), "w") as f:
+        f.write("x")
+    with pytest.raises(headrace.StoreExistsError, match="not a headrace store"):
+        pack_media(folder, out=other, kind="audio", overwrite=True)
+    assert os.listdir(other) == ["keep.txt"]
+
+
 def test_resume_exact_and_epochs(folder: str) -> None:
     kw = {"batch": 2, "samples": 100, "shuffle": True, "seed": 5, "epochs": 3}
     with headrace.audio(folder, **kw) as ld:

@@ -8,9 +8,9 @@ import fcntl
 import os
 import shutil
 
-from headrace._errors import StoreFullError, WriterBusyError
+from headrace._errors import StoreExistsError, StoreFullError, WriterBusyError
 
-__all__ = ["acquire_lock", "copy_prefix", "is_disk_full", "pwrite_all", "store_full", "undo_dir"]
+__all__ = ["acquire_lock", "copy_prefix", "is_disk_full", "pwrite_all", "replace_store", "store_full", "undo_dir"]
 
 _FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
@@ -98,3 +98,23 @@ def undo_dir(path: str | os.PathLike[str], *, made: bool) -> None:
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(full)
+
+
+def replace_store(out: str, *, overwrite: bool, who: str) -> None:
+    """Makes way for a new store at ``out``: nothing to do when it is absent or empty.
+
+    A non-empty ``out`` is deleted only with ``overwrite`` and only when it is a headrace store
+    (it has a ``meta.json``), never any other directory.
+
+    Raises:
+        StoreExistsError: ``out`` is not empty and ``overwrite`` is false, or it is not a store.
+    """
+    if not os.path.exists(out) or (os.path.isdir(out) and not os.listdir(out)):
+        return
+    if not overwrite:
+        raise StoreExistsError(f"{who}: {out} exists and is not empty; pass overwrite=True to "
+                               "replace the store there, or pick a new out")
+    if not os.path.isfile(os.path.join(out, "meta.json")):
+        raise StoreExistsError(f"{who}: {out} is not a headrace store; refusing to delete it "
+                               "even with overwrite=True")
+    shutil.rmtree(out)

@@ -14,13 +14,13 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import shutil
 import struct
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from ._errors import ConfigError, StoreExistsError
+from ._errors import ConfigError
+from ._fsutil import replace_store
 from ._image_sources import (
     Scan,
     ScannedFolder,
@@ -285,14 +285,7 @@ def pack_media(in_dir: str | os.PathLike[str], *, out: str | os.PathLike[str], k
     scan = scan_media(os.fspath(in_dir), kind=kind, labels=labels, exclude=out)
     if not scan.paths:
         raise ConfigError(f"{scan.root} holds no {kind} files (skipped: {scan.skipped})")
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-        if not overwrite:
-            raise StoreExistsError(f"pack_media: {out} exists and is not empty; pass "
-                                   "overwrite=True to replace the store there")
-        if not os.path.isfile(os.path.join(out, "meta.json")):
-            raise StoreExistsError(f"pack_media: {out} is not a headrace store; refusing to "
-                                   "delete it")
-        shutil.rmtree(out)
+    replace_store(out, overwrite=overwrite, who="pack_media")
     attrs: dict[str, Any] = {"kind": kind}
     if scan.classes is not None:
         attrs["labels"] = LABELS_FILE

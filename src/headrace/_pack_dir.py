@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import struct
 import warnings
 from collections.abc import Iterator, Sequence
@@ -19,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from . import _parallel_pack
-from ._errors import ConfigError, StoreExistsError
+from ._errors import ConfigError
+from ._fsutil import replace_store
 from ._image_sources import scan_tree, write_labels_tsv
 from ._progress import progress as progress_bar
 
@@ -130,14 +130,7 @@ def pack_dir(in_dir: str | os.PathLike[str], *, out: str | os.PathLike[str],
                           f"{scan.skipped})")
     if scan.note is not None:
         warnings.warn(scan.note, UserWarning, stacklevel=2)
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-        if not overwrite:
-            raise StoreExistsError(f"pack_dir: {out} exists and is not empty; pass "
-                                   "overwrite=True to replace the store there, or pick a new out")
-        if not os.path.isfile(os.path.join(out, "meta.json")):
-            raise StoreExistsError(f"pack_dir: {out} is not a headrace store; refusing to delete "
-                                   "it even with overwrite=True")
-        shutil.rmtree(out)
+    replace_store(out, overwrite=overwrite, who="pack_dir")
     attrs: dict[str, Any] = {"kind": "images"}
     if scan.classes is not None:
         attrs["labels"] = LABELS_FILE
