@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -135,3 +137,28 @@ def test_steady_plan_checks_ids_and_follows_new_commits(tmp_path):
     _gather_all_ways(st, x2, y2, rng)  # modified: read through the index, never a stale plan
     assert st._st.layouts["x"] is None
     st.close()
+
+
+def _vm_flags(addr: int) -> list[str]:
+    """The VmFlags of this process's mapping that holds ``addr`` (Linux ``/proc/self/smaps``)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(" ", 1)[0]
+            if "-" in head and all(c in "0123456789abcdef-" for c in head):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and line.startswith("VmFlags:"):
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+def test_raw_fields_ask_the_kernel_for_2mib_pages(tmp_path):
+    x, _ = _make(tmp_path / "s", rec=4096)
+    with headrace.open(tmp_path / "s") as st:
+        np.testing.assert_array_equal(st.gather(np.arange(len(x)))["x"], x)
+        flags = _vm_flags(st._st.vrows["x"][0].ctypes.data)
+    # "hg" = MADV_HUGEPAGE on the chunk files' mapping; a kernel built without transparent huge
+    # pages has no such switch (and no sysfs entry), and there the advice is simply ignored
+    if os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"):
+        assert "hg" in flags, flags

@@ -141,24 +141,26 @@ SEQUENTIAL_SCAN_MAX_RECORDS = 1 << 24
 class Layout:
     """Where the records of an append-only fixed-shape raw field sit in its virtual rows.
 
-    Run ``k`` covers ids ``starts[k] <= i < starts[k+1]`` at virtual rows ``i + shifts[k]``.
-    ``after[j]`` is the shift of the run that ``searchsorted(starts, i, "right") == j`` names
-    (``after[0]`` is unused), so a row lookup is two array ops and no ``- 1``. ``identity``: a
-    single run with shift 0 (record i is row i), the layout a fresh single-writer pack makes.
+    Run ``k`` covers ids ``starts[k] <= i < starts[k+1]``. ``shifts[j]`` is the shift (virtual row
+    minus id) of the run that ``searchsorted(starts, i, "right") == j`` names, so ``shifts[k + 1]``
+    is run ``k``'s and ``shifts[0]`` (never named) repeats ``shifts[1]``: a row lookup is then two
+    array ops and no ``- 1``.
     """
 
     starts: np.ndarray
     shifts: np.ndarray
-    after: np.ndarray
-    identity: bool
+
+    @property
+    def identity(self) -> bool:
+        """A single run with shift 0: record i is row i (what a fresh pack makes)."""
+        return len(self.starts) == 1 and int(self.shifts[1]) == 0
 
     def rows(self, idx: np.ndarray) -> np.ndarray:
         """Virtual rows of ids ``idx`` (checked to be ``< N``)."""
-        if self.identity:
-            return idx
         if len(self.starts) == 1:
-            return idx + self.shifts[0]
-        rows = self.after.take(np.searchsorted(self.starts, idx, side="right"), mode="clip")
+            shift = int(self.shifts[1])
+            return idx + shift if shift else idx
+        rows = self.shifts.take(np.searchsorted(self.starts, idx, side="right"), mode="clip")
         rows += idx
         return rows
 
@@ -199,9 +201,8 @@ def sequential_layout(st: Snapshot, name: str) -> Layout | None:
                     shift = rows - np.arange(n, dtype=np.int64)
                     cut = np.flatnonzero(np.diff(shift)) + 1  # a new run where the shift changes
                     starts = np.concatenate([[0], cut]).astype(np.int64)
-                    shifts = shift[starts]
-                    result = Layout(starts, shifts, np.concatenate([shifts[:1], shifts]),
-                                    len(starts) == 1 and int(shifts[0]) == 0)
+                    runs = shift[starts]
+                    result = Layout(starts, np.concatenate([runs[:1], runs]))
     st.layouts[name] = result
     return result
 
