@@ -143,7 +143,7 @@ class StoreSource:
             if unknown:
                 raise ConfigError(f"unknown fields {unknown}; this store has {names}")
             names = wanted
-        self.fields = names
+        self.fields = tuple(names)  # a tuple: the store's steady-state plan is keyed by it
         self._ragged = sum(1 for f in names if store.fields[f].shape is None)
         self._owned = owned
         self._fingerprint = store_fingerprint(store)
@@ -166,7 +166,7 @@ class StoreSource:
         return int(self.store.nbytes(ids, self.fields)) + self._ragged * 8 * (len(ids) + 1)
 
     def gather(self, ids: np.ndarray) -> dict[str, Any]:
-        return dict(self.store.gather(ids, self.fields))
+        return self.store.gather(ids, self.fields)  # a fresh dict per call already
 
     def close(self) -> None:
         if self._owned:
