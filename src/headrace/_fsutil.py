@@ -7,10 +7,13 @@ import errno
 import fcntl
 import os
 import shutil
+import tempfile
+import time
 
 from headrace._errors import StoreExistsError, StoreFullError, WriterBusyError
 
-__all__ = ["acquire_lock", "copy_prefix", "is_disk_full", "pwrite_all", "replace_store", "store_full", "undo_dir"]
+__all__ = ["acquire_lock", "copy_prefix", "discard_dir", "is_disk_full", "pwrite_all",
+           "replace_store", "store_full", "undo_dir"]
 
 _FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
@@ -98,6 +101,33 @@ def undo_dir(path: str | os.PathLike[str], *, made: bool) -> None:
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(full)
+
+
+def discard_dir(path: str, *, attempts: int = 50, pause_s: float = 0.02) -> None:
+    """Removes ``path`` even while workers elsewhere may still be writing into it by path.
+
+    A task on a remote executor (Dask, Ray) can outlive the cancel of its future and keep creating
+    files under ``path``; a plain ``rmtree`` racing it leaves a half-removed folder behind. So the
+    folder is first renamed to a fresh sibling: from then on every path a late writer opens under
+    the old name fails (ENOENT), nothing new can appear, and the renamed tree is removed for good.
+    """
+    if not os.path.lexists(path):
+        return
+    parent, name = os.path.split(os.path.abspath(path))
+    grave = path
+    with contextlib.suppress(OSError):  # cannot rename here (permissions, odd fs): remove in place
+        holder = tempfile.mkdtemp(dir=parent, prefix=f".{name.lstrip('.')}.removing-")
+        try:
+            os.rename(path, os.path.join(holder, name))
+            grave = holder
+        except OSError:
+            os.rmdir(holder)
+    for _ in range(attempts):  # fd-relative writes (an open file) may still land for a moment
+        shutil.rmtree(grave, ignore_errors=True)
+        if not os.path.lexists(grave):
+            return
+        time.sleep(pause_s)
+    shutil.rmtree(grave)  # still there: say why
 
 
 def replace_store(out: str, *, overwrite: bool, who: str) -> None:

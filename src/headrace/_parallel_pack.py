@@ -50,6 +50,7 @@ from . import _format
 from ._errors import ConfigError, PackWorkerError
 from ._folio_writes import FOLIO_BYTES
 from ._format import AUX_DTYPE, CHUNK_DIR, INDEX_DTYPE, ChunkInfo, FieldEntry, FieldSpec, Meta
+from ._fsutil import discard_dir
 from ._progress import progress as progress_bar
 from ._writer import chunk_bytes_of, raw_chunk_bytes
 
@@ -364,7 +365,8 @@ def run_parts(out: str, *, ranges: Sequence[tuple[int, int]],
             own = None
         else:  # tasks still running elsewhere write into parts_dir: let them end first
             cf.wait([f for f in pending.values() if not f.cancelled()], timeout=_DRAIN_S)
-        shutil.rmtree(staging, ignore_errors=True)
+        # A cancelled Dask/Ray future can still be running its task, writing into parts_dir.
+        discard_dir(staging)
         raise
     finally:
         if own is not None:
