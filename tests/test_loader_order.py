@@ -13,6 +13,7 @@ import headrace
 from _loader_util import take
 from headrace._order import make_order
 from headrace._plan import BatchPlan
+from headrace._sources import ArraySource
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -153,3 +154,34 @@ def test_plan_properties(n, b, w, epochs, tail, data):
                             start_position=s0[k].after, end_position=epochs * n)
         rest = [(x.start, x.count, x.after) for x in resumed.steps()]
         assert rest == [(x.start, x.count, x.after) for x in s0[k + 1:]]
+
+
+@pytest.mark.parametrize("start", [None, 3])
+def test_sources_read_shared_read_only_ids_and_transforms_get_their_own(start):
+    # The dispatcher hands sources the order's memoized block itself (no copy per batch); a
+    # source must not be able to scribble on it, and a transform (user code that may keep or
+    # edit its ids) gets a writable copy.
+    seen = []
+
+    class Probe(ArraySource):
+        def gather(self, ids):
+            seen.append(ids.flags.writeable)
+            with pytest.raises(ValueError):
+                ids[0] = -1
+            return super().gather(ids)
+
+    def edit(batch, ids):
+        ids += 0  # writable, and editing it changes nothing the loader or the order holds
+        batch["ids"] = ids
+        return batch
+
+    with headrace.Loader(Probe(COLS), batch=5, order="shuffle", seed=4, epochs=2, start=start,
+                         end=N if start else None, transform=edit) as ld:
+        got = [(b["ids"].copy(), ld.last_ids.copy()) for b in ld]
+    order = make_order("shuffle", N - (start or 0), seed=4)
+    assert seen and not any(seen)
+    want = np.concatenate([o for o, _ in got])
+    assert np.array_equal(want, np.concatenate([last for _, last in got]))
+    n = len(want)
+    assert np.array_equal(np.sort(want[: n // 2]), np.arange(start or 0, N))
+    assert np.array_equal(want[: n // 2], order.range(0, n // 2) + (start or 0))

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import headrace
-from headrace import ConfigError
+from headrace import ConfigError, _shuffle
 from headrace._sampler import Mode, Sampler, make_order
 from headrace._shuffle import _BLOCK_BITS
 
@@ -273,10 +273,14 @@ def _per_element(o, positions):
 FAST_PATH_N = [4097, 4222, 4224, 10007, 65537, 2**20 - 1, 2**20 + 1, 2**27 + 1, 2**29 + 1]
 
 
+@pytest.mark.parametrize("c_network", [True, False], ids=["c", "numpy"])
 @pytest.mark.parametrize("n", FAST_PATH_N)
-def test_shuffle_fast_paths_equal_the_per_element_network(n):
+def test_shuffle_fast_paths_equal_the_per_element_network(n, c_network, monkeypatch):
     # the memoized blocks (epoch-aligned rows, stray offsets known per epoch), the table pass with
-    # the walk table, and the per-element round keys must give the same id at every position
+    # the walk table, and the per-element round keys must give the same id at every position,
+    # with the C network (the default build) and with the NumPy passes that stand in without it
+    if not c_network:
+        monkeypatch.setattr(_shuffle, "_CNetwork", None)
     for seed in (0, 5, 2**64 - 1):
         o = make_order("shuffle", n, seed=seed)
         block = 1 << _BLOCK_BITS
@@ -293,6 +297,44 @@ def test_shuffle_fast_paths_equal_the_per_element_network(n):
             assert np.array_equal(o.range(p0, total), want), (n, seed, p0)  # one table pass
         pos = np.random.default_rng(seed % 97).integers(0, 3 * n, size=3000, dtype=np.uint64)
         assert np.array_equal(o.indices(pos), _per_element(o, pos)), (n, seed)
+
+
+def test_the_c_network_is_built_and_checks_what_it_is_given():
+    # setup.py builds it wherever a C compiler exists (CI's machines have one); without it the
+    # loader's shuffle would silently cost ~3x more per batch
+    assert _shuffle.accelerated()
+    o = make_order("shuffle", 200_000, seed=3)
+    t = o._epoch_tables(0)
+    out = np.empty(1000, dtype=np.int64)
+    t.net.run(out, 5000)
+    assert np.array_equal(out, o._feistel_tables(np.arange(5000, 6000), t.rounds, t.merge))
+    net = _shuffle._CNetwork
+    with pytest.raises(ValueError, match="outside the domain"):
+        t.net.run(out, o._a * o._b - 10)
+    with pytest.raises(ValueError, match="6 round tables, got 5"):
+        net(o._ka, t.rounds[:5], t.merge)
+    with pytest.raises(ValueError, match="round table 1 has"):
+        net(o._ka, [t.rounds[0], t.rounds[1][:-1], *t.rounds[2:]], t.merge)
+    bad = t.rounds[1].copy()
+    bad[7] = o._b  # an FB value past b would index past the next table
+    with pytest.raises(ValueError, match="round table 1 entry 7"):
+        net(o._ka, [t.rounds[0], bad, *t.rounds[2:]], t.merge)
+    with pytest.raises(ValueError, match="merge table"):
+        net(o._ka, t.rounds, t.merge[:10])
+    with pytest.raises(TypeError, match="contiguous int64"):
+        t.net.run(np.empty(10, dtype=np.int32), 0)
+
+
+@pytest.mark.parametrize("mode", ["sequential", "iid", "shuffle"])
+def test_shared_range_is_range_read_only(mode):
+    # the loader's no-copy path: the same ids as range(), never writable (they may be a block's)
+    o = make_order(mode, 100_000, seed=11)
+    for start in (0, 256, 16_384 - 100, 99_900, 3 * 100_000 + 7):
+        got = o.shared_range(start, 256)
+        assert np.array_equal(got, o.range(start, 256))
+        assert not got.flags.writeable
+        with pytest.raises(ValueError):
+            got[0] = 1
 
 
 def test_shuffle_walk_table_with_a_cycle_of_strays_only():

@@ -123,8 +123,11 @@ class _Engine:
         if step.positions is not None:
             ids = self.order.indices(step.positions)
         else:
-            ids = self.order.range(step.start, step.count)
-        return ids + self.offset if self.offset else ids
+            ids = self.order.shared_range(step.start, step.count)  # read-only, maybe shared
+        if self.offset:
+            ids = ids + self.offset
+            ids.flags.writeable = False  # the same either way: sources only read their ids
+        return ids
 
     def _wait_ram(self, nbytes: int) -> bool:
         """Pause while the process's counted RSS plus this batch would pass the RAM cap."""
@@ -225,7 +228,9 @@ class _Engine:
             busy[0] += t1 - t0
             if self.transform is not None:
                 task.where = "transform"
-                batch = self.transform(batch, task.ids)
+                # the transform is user code that may keep or edit its ids (e.g. put them in the
+                # batch): it gets its own writable copy, not the order's shared read-only block
+                batch = self.transform(batch, task.ids.copy())
                 busy[1] += time.monotonic() - t1
             task.batch = batch
         except BaseException as e:
@@ -396,7 +401,8 @@ class Loader:
             batches) or ``"drop"``. ``tail`` and ``drop_last`` only matter in epoch mode: an
             endless loader's batches are always full and run across epoch boundaries.
         start, end: read only records ``[start, end)`` (the order maps into that range).
-        transform: ``fn(batch, ids) -> batch``, runs in worker threads (or in the consumer's,
+        transform: ``fn(batch, ids) -> batch`` (``ids``: the batch's record ids, an int64 array
+            of its own), runs in worker threads (or in the consumer's,
             when it gathers a batch itself instead of waiting; see ``docs/memory.md``).
         transform_nbytes: ``fn(n_records) -> bytes`` the transform allocates (counted in the cap).
         threads: worker threads (default: cores, 2..8).

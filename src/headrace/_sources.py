@@ -40,7 +40,12 @@ class Source(Protocol):
         ...
 
     def gather(self, ids: np.ndarray) -> dict[str, Any]:
-        """``{field: ndarray | Ragged}`` for the records ``ids``, in that order."""
+        """``{field: ndarray | Ragged}`` for the records ``ids``, in that order.
+
+        ``ids`` is a read-only int64 array that may share memory with the sampler's memoized
+        block (no copy per batch): copy it (``np.array(ids)``) to keep it or to return it in the
+        batch.
+        """
         ...
 
     def close(self) -> None: ...

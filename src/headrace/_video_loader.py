@@ -61,7 +61,7 @@ class ClipSource:
         return 32 * len(ids)
 
     def gather(self, ids: np.ndarray) -> dict[str, Any]:
-        ids = np.asarray(ids, np.int64)
+        ids = np.array(ids, np.int64)  # the batch keeps it: a writable copy of the shared ids
         videos = self.index.video[ids].astype(np.int64)
         return {"clip_ids": ids, "video_ids": videos, "start_s": self.index.start_seconds(ids),
                 "labels": self.files.labels(videos)}
