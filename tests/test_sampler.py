@@ -299,30 +299,49 @@ def test_shuffle_fast_paths_equal_the_per_element_network(n, c_network, monkeypa
         assert np.array_equal(o.indices(pos), _per_element(o, pos)), (n, seed)
 
 
-def test_the_c_network_is_built_and_checks_what_it_is_given():
+def test_the_c_network_is_built_and_equals_the_numpy_tables():
     # setup.py builds it wherever a C compiler exists (CI's machines have one); without it the
     # loader's shuffle would silently cost ~3x more per batch
     assert _shuffle.accelerated()
+    for n, seed, epoch in ((200_000, 3, 0), (4097, 0, 10), (2**20 + 1, 5, 2**40), (65536, 1, 3)):
+        o = make_order("shuffle", n, seed=seed)
+        t, net = o._epoch_tables(epoch), o._epoch_net(epoch)
+        src, dst = (np.frombuffer(x, dtype=np.int64) for x in net.strays())
+        assert np.array_equal(src, t.src) and np.array_equal(dst, t.dst), (n, epoch)
+        for start, count in ((0, n), (n - 1000, 1000), (int(t.src[0]) if len(t.src) else 0, 1)):
+            want = o._fix_strays(o._feistel_tables(np.arange(start, start + count), t.rounds,
+                                                   t.merge), t, start)
+            assert np.array_equal(_run(net, start, count), want), (n, start)
+        assert np.array_equal(np.sort(_run(net, 0, n)), np.arange(n))  # a permutation
     o = make_order("shuffle", 200_000, seed=3)
-    t = o._epoch_tables(0)
-    out = np.empty(1000, dtype=np.int64)
-    t.net.run(out, 5000)
-    assert np.array_equal(out, o._feistel_tables(np.arange(5000, 6000), t.rounds, t.merge))
-    net = _shuffle._CNetwork
-    with pytest.raises(ValueError, match="outside the domain"):
-        t.net.run(out, o._a * o._b - 10)
-    with pytest.raises(ValueError, match="6 round tables, got 5"):
-        net(o._ka, t.rounds[:5], t.merge)
-    with pytest.raises(ValueError, match="round table 1 has"):
-        net(o._ka, [t.rounds[0], t.rounds[1][:-1], *t.rounds[2:]], t.merge)
-    bad = t.rounds[1].copy()
-    bad[7] = o._b  # an FB value past b would index past the next table
-    with pytest.raises(ValueError, match="round table 1 entry 7"):
-        net(o._ka, [t.rounds[0], bad, *t.rounds[2:]], t.merge)
-    with pytest.raises(ValueError, match="merge table"):
-        net(o._ka, t.rounds, t.merge[:10])
+    with pytest.raises(ValueError, match=r"outside 0\.\.199999"):
+        _run(o._epoch_net(0), 199_990, 20)
+    build = _shuffle._CNetwork.build
+    with pytest.raises(ValueError, match="does not fit"):
+        build(9, 391, 1000, [1] * 6)
+    with pytest.raises(ValueError, match="6 round keys, got 5"):
+        build(9, 391, 200_000, [1] * 5)
+    with pytest.raises(ValueError, match="need 1 <= ka <= 24"):
+        build(0, 391, 200_000, [1] * 6)
+    with pytest.raises(OverflowError):
+        build(9, 391, 200_000, [2**64, 1, 1, 1, 1, 1])
     with pytest.raises(TypeError, match="contiguous int64"):
-        t.net.run(np.empty(10, dtype=np.int32), 0)
+        o._epoch_net(0).run(np.empty(10, dtype=np.int32), 0)
+
+
+def _run(net, start, count):
+    out = np.empty(count, dtype=np.int64)
+    net.run(out, start)
+    return out
+
+
+def test_one_epochs_round_keys_equal_the_array_form():
+    from headrace._shuffle import _epoch_round_keys, _round_keys
+
+    for key in (0, 12345, 2**64 - 1):
+        for epoch in (0, 1, 7, 2**40 + 3, 2**64 - 1):
+            want = _round_keys(key, np.array([epoch], dtype=np.uint64))[:, 0]
+            assert np.array_equal(_epoch_round_keys(key, epoch), want), (key, epoch)
 
 
 @pytest.mark.parametrize("mode", ["sequential", "iid", "shuffle"])

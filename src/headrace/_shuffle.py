@@ -46,6 +46,8 @@ _ROUNDS = 6  # 4 leave a seed-dependent trace (adjacent ids keep their xor diffe
 _TABLE_MAX_BITS = 15  # N <= 2**30; tables of <= 17 * 2**15 int64: <= 4.3 MiB an epoch, two kept
 _EPOCH_GROUPS_MAX = 4  # indices() spanning more epochs than this uses per-element round keys
 _KEYS_MAX = 1 << 20  # keys sorted at once by the small shuffle (8 MiB)
+_ROUND_STEP = 0xD1B54A32D192ED03  # round r's key is mix64(epoch key ^ r * this)
+_M64 = 2**64 - 1
 _BLOCK_BITS = 14  # short ranges are cut from memoized blocks of 2**14 offsets of one epoch
 _SCRATCH = threading.local()  # per-thread work buffers of the block path
 
@@ -120,10 +122,17 @@ class _Small(Order):
         return out
 
 
+def _epoch_round_keys(seed_key: int, epoch: int) -> npt.NDArray[np.uint64]:
+    """``_round_keys`` of one epoch, shape ``(_ROUNDS,)``, in Python ints (no NumPy call costs)."""
+    e = mix64((epoch * GAMMA + seed_key) & _M64)
+    return np.array([mix64(e ^ ((r * _ROUND_STEP) & _M64)) for r in range(1, _ROUNDS + 1)],
+                    dtype=np.uint64)
+
+
 def _round_keys(seed_key: int, epochs: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """Round keys, shape ``(_ROUNDS, len(epochs))``: independent-looking per (seed, epoch, round)."""
     e = mix64_array(epochs * np.uint64(GAMMA) + np.uint64(seed_key))
-    rounds = np.arange(1, _ROUNDS + 1, dtype=np.uint64)[:, None] * np.uint64(0xD1B54A32D192ED03)
+    rounds = np.arange(1, _ROUNDS + 1, dtype=np.uint64)[:, None] * np.uint64(_ROUND_STEP)
     return mix64_array(e[None, :] ^ rounds)
 
 
@@ -136,7 +145,6 @@ class _Tables(NamedTuple):
     walk: npt.NDArray[np.int64]  # walk[v - N] for v in [N, a*b): where v's cycle-walk ends
     src: npt.NDArray[np.int64]  # the offsets < N that the network maps to a stray, sorted
     dst: npt.NDArray[np.int64]  # their ids (the end of their cycle-walk)
-    net: Any  # the same network as a _cshuffle.Network (None: not built, use the NumPy passes)
 
 
 class _Feistel(Order):
@@ -160,6 +168,7 @@ class _Feistel(Order):
         self._b = -(-length // self._a)
         self._memoize = True  # N > SMALL_MAX: short ranges are cut from memoized blocks
         self._tables: dict[int, _Tables] = {}
+        self._nets: dict[int, Any] = {}  # the same networks in C, for blocks and runs
         self._lock = threading.Lock()
         # memoized blocks, keyed by their first position: (first, stop, ids at first .. stop - 1)
         self._offset_blocks: dict[int, tuple[int, int, npt.NDArray[np.int64]]] = {}
@@ -187,7 +196,7 @@ class _Feistel(Order):
         """
         tables = self._tables.get(epoch)
         if tables is None:
-            keys = _round_keys(self._key, np.array([epoch], dtype=np.uint64))[:, 0]
+            keys = _epoch_round_keys(self._key, epoch)
             dom_hi = np.arange(self._b, dtype=np.uint64)
             dom_lo = np.arange(self._a, dtype=np.uint64)
             # every lo-round's FA at once (one row a round), then every hi-round's FB
@@ -209,15 +218,32 @@ class _Feistel(Order):
             src = self._inverse(strays, rounds, fa0)
             keep = (src < self.length).nonzero()[0]
             by_src = keep[src[keep].argsort()]
-            net = None if _CNetwork is None else _CNetwork(self._ka, rounds, merge)
-            tables = _Tables(rounds, merge, fa0, walk, src[by_src], walk[by_src], net)
-            for t in (*rounds, merge, *tables[2:6]):
+            tables = _Tables(rounds, merge, fa0, walk, src[by_src], walk[by_src])
+            for t in (*rounds, merge, *tables[2:]):
                 t.flags.writeable = False
             with self._lock:  # keep the two most recent epochs (a batch may straddle one)
                 while len(self._tables) >= 2:
                     self._tables.pop(next(iter(self._tables)))
                 self._tables[epoch] = tables
         return tables
+
+    def _epoch_net(self, epoch: int) -> Any:
+        """The epoch's network built in C (``None`` without the C build or past table sizes).
+
+        The same tables as ``_epoch_tables`` (and the same cycle-walks), made in one C call
+        instead of ~100 NumPy ones; the memoized blocks and contiguous runs use it.
+        """
+        if _CNetwork is None or self._ka > _TABLE_MAX_BITS:
+            return None
+        net = self._nets.get(epoch)
+        if net is None:
+            net = _CNetwork.build(self._ka, self._b, self.length,
+                                  _epoch_round_keys(self._key, epoch).tolist())
+            with self._lock:  # the two most recent epochs (a batch may straddle one)
+                while len(self._nets) >= 2:
+                    self._nets.pop(next(iter(self._nets)))
+                self._nets[epoch] = net
+        return net
 
     def _walk_table(self, rounds: list[npt.NDArray[np.int64]],
                     merge: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -292,12 +318,13 @@ class _Feistel(Order):
         are read from ``h0`` on (views), so the first hi-round needs no addition of ``h0``. The
         strays' offsets are known for the epoch (``_Tables.src``): no search over the block.
         """
-        tables = self._epoch_tables(epoch)
         count = min(self.length - s, 1 << _BLOCK_BITS)
-        if tables.net is not None:
+        net = self._epoch_net(epoch)
+        if net is not None:  # the whole run, strays included, in one C call
             out = np.empty(count, dtype=np.int64)  # fresh: it becomes the memoized block
-            tables.net.run(out, s)
-            return self._fix_strays(out, tables, s)
+            net.run(out, s)
+            return out
+        tables = self._epoch_tables(epoch)
         rounds = tables.rounds
         ka = self._ka
         h0 = s >> ka
@@ -407,19 +434,20 @@ class _Feistel(Order):
         if self._ka <= _TABLE_MAX_BITS:
             tables = self._epoch_tables(epoch)
             return self._unstray(self._feistel_tables(x, tables.rounds, tables.merge), tables)
-        keys = _round_keys(self._key, np.array([epoch], dtype=np.uint64))[:, 0]
+        keys = _epoch_round_keys(self._key, epoch)
         return self._walk_keys(x.astype(np.uint64), keys, same=True)
 
     def _permute_run(self, epoch: int, off: int, count: int) -> npt.NDArray[np.int64]:
         """``perm(seed, epoch)`` of offsets ``off .. off + count - 1`` (all below N)."""
         if self._ka > _TABLE_MAX_BITS:
             return self._permute_epoch(np.add(self._iota(count), off), epoch)
-        tables = self._epoch_tables(epoch)
-        if tables.net is not None:
+        net = self._epoch_net(epoch)
+        if net is not None:  # strays included
             y = np.empty(count, dtype=np.int64)
-            tables.net.run(y, off)
-        else:
-            y = self._feistel_tables(np.add(self._iota(count), off), tables.rounds, tables.merge)
+            net.run(y, off)
+            return y
+        tables = self._epoch_tables(epoch)
+        y = self._feistel_tables(np.add(self._iota(count), off), tables.rounds, tables.merge)
         return self._fix_strays(y, tables, off)
 
     def _walk_keys(self, x: npt.NDArray[np.uint64], keys: npt.NDArray[np.uint64],
