@@ -226,22 +226,21 @@ static PyObject *network_run(Network *self, PyObject *args) {
     const int64_t *t0 = self->t[0], *t1 = self->t[1], *t2 = self->t[2], *t3 = self->t[3],
                   *t4 = self->t[4], *t5 = self->t[5], *m = self->t[6];
     Py_BEGIN_ALLOW_THREADS
-    /* forward() written out four elements at a time: their loads overlap */
-    Py_ssize_t j = 0;
-    for (; j + 4 <= count; j += 4) {
-        const int64_t x = (int64_t)x0 + j;
-        int64_t h0 = x >> ka, h1 = (x + 1) >> ka, h2 = (x + 2) >> ka, h3 = (x + 3) >> ka;
-        int64_t l0 = x ^ t0[h0], l1 = (x + 1) ^ t0[h1], l2 = (x + 2) ^ t0[h2],
-                l3 = (x + 3) ^ t0[h3];
-        h0 += t1[l0]; h1 += t1[l1]; h2 += t1[l2]; h3 += t1[l3];
-        l0 ^= t2[h0]; l1 ^= t2[h1]; l2 ^= t2[h2]; l3 ^= t2[h3];
-        h0 += t3[l0]; h1 += t3[l1]; h2 += t3[l2]; h3 += t3[l3];
-        l0 ^= t4[h0]; l1 ^= t4[h1]; l2 ^= t4[h2]; l3 ^= t4[h3];
-        h0 += t5[l0]; h1 += t5[l1]; h2 += t5[l2]; h3 += t5[l3];
-        out[j] = m[h0] | l0; out[j + 1] = m[h1] | l1;
-        out[j + 2] = m[h2] | l2; out[j + 3] = m[h3] | l3;
+    /* forward() a row of the (hi, lo) grid at a time: the first round's lookup is the row's */
+    for (Py_ssize_t j = 0; j < count;) {
+        const int64_t row = ((int64_t)x0 + j) >> ka, first = t0[row];
+        Py_ssize_t end = (Py_ssize_t)(((row + 1) << ka) - x0);
+        if (end > count) end = count;
+        for (; j < end; j++) {
+            int64_t lo = ((int64_t)x0 + j) ^ first;
+            int64_t hi = row + t1[lo];
+            lo ^= t2[hi];
+            hi += t3[lo];
+            lo ^= t4[hi];
+            hi += t5[lo];
+            out[j] = m[hi] | lo;
+        }
     }
-    for (; j < count; j++) out[j] = forward(self, (int64_t)x0 + j);
     /* finish the cycle-walks: the run's stray sources, found by bisection */
     Py_ssize_t lo = 0, hi = self->strays;
     while (lo < hi) {
