@@ -93,9 +93,9 @@ static PyObject *build(PyObject *type, PyObject *args) {
     long long b_arg, n_arg;
     PyObject *keys_obj;
     if (!PyArg_ParseTuple(args, "iLLO", &ka, &b_arg, &n_arg, &keys_obj)) return NULL;
-    if (ka < 1 || ka > 24 || b_arg < 1 || b_arg > (1LL << 24)) {
-        PyErr_Format(PyExc_ValueError, "build: need 1 <= ka <= 24 and 1 <= b <= 2**24 "
-                     "(N up to 2**48 in tables), got ka=%d b=%lld", ka, b_arg);
+    if (ka < 1 || ka > 16 || b_arg < 1 || b_arg > (1LL << 16)) {  /* tables <= ~7 MiB */
+        PyErr_Format(PyExc_ValueError, "build: need 1 <= ka <= 16 and 1 <= b <= 2**16 "
+                     "(N up to 2**32 in tables), got ka=%d b=%lld", ka, b_arg);
         return NULL;
     }
     const int64_t a = (int64_t)1 << ka, b = b_arg, n = n_arg;

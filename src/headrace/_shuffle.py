@@ -311,10 +311,11 @@ class _Feistel(Order):
     def _offset_block(self, epoch: int, s: int) -> npt.NDArray[np.int64]:
         """Ids at offsets ``s .. min(N, s + 2**_BLOCK_BITS) - 1`` of ``epoch`` (``s`` aligned).
 
-        The same network as ``_feistel_tables``, with the first two rounds cheaper because the
-        offsets are whole rows of the ``(hi, lo)`` grid (or part of one row when ``a`` is larger
-        than a block): ``hi`` runs over ``h0 + row`` and ``lo`` over the columns, both read from
-        ``arange``-like constants. ``hi`` is carried minus ``h0`` and the tables indexed by it
+        One C call with the C build (``_epoch_net``). Without it, the same network as
+        ``_feistel_tables``, with the first two rounds cheaper because the offsets are whole rows
+        of the ``(hi, lo)`` grid (or part of one row when ``a`` is larger than a block): ``hi``
+        runs over ``h0 + row`` and ``lo`` over the columns, both read from ``arange``-like
+        constants. ``hi`` is carried minus ``h0`` and the tables indexed by it
         are read from ``h0`` on (views), so the first hi-round needs no addition of ``h0``. The
         strays' offsets are known for the epoch (``_Tables.src``): no search over the block.
         """
