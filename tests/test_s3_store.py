@@ -3,6 +3,7 @@
 import json
 import os
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -89,6 +90,22 @@ def test_remote_store_matches_local(packed):
                     np.testing.assert_array_equal(a[f].values, b[f].values)
                     np.testing.assert_array_equal(a[f].offsets, b[f].offsets)
             assert rs.nbytes(ids) >= local.nbytes(ids)
+
+
+def test_remote_store_checks_ids_and_fields_as_the_local_store_does(packed):
+    # one rule for both: integer ids in [0, N), named fields; the same errors and messages
+    local = headrace.open(packed["local"])
+    with RemoteStore(packed["url"], objstore=packed["client"]) as rs:
+        n = len(rs)
+        for bad, match in (([n], f"record id {n} is out of range for a store of N={n}"),
+                           ([-1, 0], "record id -1 is out of range"),
+                           ([1.5], "indices must be integers, got dtype float64"),
+                           ([[0, 1], [2, 3]], "indices must be 1-D")):
+            for store in (rs, local):
+                with pytest.raises(headrace.RecordIndexError, match=re.escape(match)):
+                    store.gather(bad)
+        with pytest.raises(headrace.SchemaError, match="unknown field 'nope'; s3://"):
+            rs.gather([0], fields="nope")
 
 
 def test_ranges_are_coalesced(packed):

@@ -30,10 +30,10 @@ import numpy as np
 
 from ._cache import ByteCache
 from ._codecs import get_codec
-from ._errors import ConfigError, CorruptionError, LinkError, RecordIndexError, SchemaError
+from ._errors import ConfigError, CorruptionError, LinkError
 from ._format import AUX_DTYPE, INDEX_DTYPE, META_NAME, FieldSpec, Meta, chunk_name, meta_from_json
 from ._objstore import ObjectNotFoundError, ObjectStore
-from ._store import Ragged
+from ._store import Ragged, pick_fields, record_ids
 
 __all__ = ["RemoteStore"]
 
@@ -180,27 +180,11 @@ class RemoteStore:
     def attrs(self) -> dict[str, Any]:
         return dict(self.meta.attrs)
 
-    def _ids(self, indices: Any) -> np.ndarray:
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
-            bad = idx[(idx < 0) | (idx >= len(self))]
-            raise RecordIndexError(f"record ids {bad[:8].tolist()} out of range [0, {len(self)})")
-        return idx
-
-    def _pick(self, fields: str | Iterable[str] | None) -> list[str]:
-        if fields is None:
-            return list(self.fields_selected)
-        names = [fields] if isinstance(fields, str) else list(fields)
-        for n in names:
-            if n not in self._fields:
-                raise SchemaError(f"unknown field {n!r}; {self.url} has {list(self._fields)}")
-        return names
-
     def nbytes(self, ids: Any, fields: str | Iterable[str] | None = None) -> int:
         """Decoded output bytes plus the range buffers fetched to produce them."""
-        idx = self._ids(ids)
+        idx = record_ids(ids, len(self))
         total = 0
-        for name in self._pick(fields):
+        for name in pick_fields(fields, self._fields, default=self.fields_selected, where=self.url):
             f = self._fields[name]
             total += f.rec * len(idx) if f.rec >= 0 else int(f.aux["nbytes"][idx].sum(dtype=np.int64))
             ranges = self._plan(f, idx)[0]
@@ -209,8 +193,8 @@ class RemoteStore:
 
     def gather(self, ids: Any, fields: str | Iterable[str] | None = None
                ) -> dict[str, np.ndarray | Ragged]:
-        idx = self._ids(ids)
-        names = self._pick(fields)
+        idx = record_ids(ids, len(self))
+        names = pick_fields(fields, self._fields, default=self.fields_selected, where=self.url)
         plans = [self._plan(self._fields[name], idx) for name in names]
         # Every field's ranges go out together, so a batch waits for one round of requests.
         flat = [r for plan in plans for r in plan[0]]

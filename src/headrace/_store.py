@@ -88,6 +88,60 @@ class Ragged(NamedTuple):
         return [self.values[o[j]:o[j + 1]] for j in range(len(o) - 1)]
 
 
+def record_ids(indices: Any, n: int) -> np.ndarray:
+    """``indices`` as a 1-D int64 array of record ids, every one checked against ``[0, n)``.
+
+    Samplers' arrays (1-D int64) pass through as they are, checked by one reduction.
+
+    Raises:
+        RecordIndexError: an id outside ``[0, n)``, non-integer ids, or more than one dimension.
+    """
+    if type(indices) is np.ndarray and indices.dtype == _INT64 and indices.ndim == 1:
+        # what samplers produce: one reduction checks both ends (negatives turn huge as u8)
+        if len(indices) and int(_MAX(indices.view(_UINT64))) >= n:
+            _out_of_range(indices, n)
+        return indices
+    idx = np.asarray(indices)
+    if idx.ndim != 1:
+        idx = idx.reshape(-1) if idx.ndim == 0 else idx
+        if idx.ndim != 1:
+            raise RecordIndexError(f"indices must be 1-D, got shape {idx.shape}")
+    if idx.dtype.kind not in "iu":
+        if idx.size == 0:
+            return np.empty(0, np.int64)
+        raise RecordIndexError(f"indices must be integers, got dtype {idx.dtype}")
+    idx = idx.astype(np.int64, copy=False)
+    # one reduction: negative ids turn huge when read as unsigned
+    if idx.size and int(_MAX(idx.view(_UINT64))) >= n:
+        _out_of_range(idx, n)
+    return idx
+
+
+def _out_of_range(idx: np.ndarray, n: int) -> None:
+    bad = (idx < 0) | (idx >= n)
+    first = int(idx[np.argmax(bad)])
+    raise RecordIndexError(
+        f"record id {first} is out of range for a store of N={n} records "
+        f"(valid ids are 0..{n - 1}); {int(bad.sum())} of {idx.size} ids are out of range")
+
+
+def pick_fields(fields: str | Iterable[str] | None, available: Iterable[str], *,
+                default: Iterable[str] | None = None, where: str = "this store") -> list[str]:
+    """The field names a read asks for: ``fields`` (one name or several) or ``default``.
+
+    Raises:
+        SchemaError: a name that is not in ``available``.
+    """
+    have = list(available)
+    if fields is None:
+        return list(have if default is None else default)
+    names = [fields] if isinstance(fields, str) else list(fields)
+    for name in names:
+        if name not in have:
+            raise SchemaError(f"unknown field {name!r}; {where} has {have}")
+    return names
+
+
 class _SteadyPlan(NamedTuple):
     """A field list's steady-state reads for one snapshot.
 
@@ -190,45 +244,6 @@ class Store:
 
     # -- reads -----------------------------------------------------------------------------------
 
-    def _indices(self, st: Snapshot, indices: Any) -> np.ndarray:
-        if type(indices) is np.ndarray and indices.dtype == _INT64 and indices.ndim == 1:
-            # what samplers produce: one reduction checks both ends (negatives turn huge as u8)
-            if len(indices) and int(_MAX(indices.view(_UINT64))) >= st.meta.length:
-                self._out_of_range(st, indices)
-            return indices
-        idx = np.asarray(indices)
-        if idx.ndim != 1:
-            idx = idx.reshape(-1) if idx.ndim == 0 else idx
-            if idx.ndim != 1:
-                raise RecordIndexError(f"indices must be 1-D, got shape {idx.shape}")
-        if idx.dtype.kind not in "iu":
-            if idx.size == 0:
-                return np.empty(0, np.int64)
-            raise RecordIndexError(f"indices must be integers, got dtype {idx.dtype}")
-        idx = idx.astype(np.int64, copy=False)
-        # one reduction: negative ids turn huge when read as unsigned
-        if idx.size and int(_MAX(idx.view(_UINT64))) >= st.meta.length:
-            self._out_of_range(st, idx)
-        return idx
-
-    @staticmethod
-    def _out_of_range(st: Snapshot, idx: np.ndarray) -> None:
-        n = st.meta.length
-        bad = (idx < 0) | (idx >= n)
-        first = int(idx[np.argmax(bad)])
-        raise RecordIndexError(
-            f"record id {first} is out of range for a store of N={n} records "
-            f"(valid ids are 0..{n - 1}); {int(bad.sum())} of {idx.size} ids are out of range")
-
-    def _pick(self, st: Snapshot, fields: str | Iterable[str] | None) -> list[str]:
-        if fields is None:
-            return list(st.fields)
-        names = [fields] if isinstance(fields, str) else list(fields)
-        for name in names:
-            if name not in st.fields:
-                raise SchemaError(f"unknown field {name!r}; this store has {list(st.fields)}")
-        return names
-
     def _entries(self, st: Snapshot, f: MappedField, idx: np.ndarray, check: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Index/aux entries of ``idx``: ``(chunk, offset, length, nbytes, crc)``.
@@ -289,15 +304,15 @@ class Store:
         key = fields
         plan = self._plans.get(key)
         if plan is not None and plan.snapshot is st:
-            idx = self._indices(st, indices)
+            idx = record_ids(indices, st.meta.length)
             # "clip" never clips (the layout scan proved every row in range) and, unlike the
             # default "raise", skips a per-index bounds check; None: identity, nothing to call
             return {name: (vrows.take(idx if rows is None else rows(idx), axis=0, mode="clip")
                            if view is None else
                            view(vrows.take(idx if rows is None else rows(idx), axis=0, mode="clip")))
                     for name, vrows, rows, view in plan.fields}
-        idx = self._indices(st, indices)
-        names = self._pick(st, fields)
+        idx = record_ids(indices, st.meta.length)
+        names = pick_fields(fields, st.fields)
         out = {name: self._gather_field(st, st.fields[name], idx) for name in names}
         if self.verify == "first":
             self._plan_steady(st, key, names)
@@ -525,9 +540,9 @@ class Store:
                fields: str | Iterable[str] | None = None) -> int:
         """Exact decoded bytes ``gather(indices, fields)`` returns (reads index/aux only)."""
         st = self._st
-        idx = self._indices(st, indices)
+        idx = record_ids(indices, st.meta.length)
         total = 0
-        for name in self._pick(st, fields):
+        for name in pick_fields(fields, st.fields):
             f = st.fields[name]
             if f.rec >= 0:
                 total += f.rec * len(idx)
@@ -540,8 +555,8 @@ class Store:
     def record(self, i: int, field: str) -> np.ndarray:
         """One record of ``field``. Raw records are zero-copy read-only views of the mmap."""
         st = self._st
-        idx = self._indices(st, [i])
-        f = st.fields[self._pick(st, field)[0]]
+        idx = record_ids([i], st.meta.length)
+        f = st.fields[pick_fields(field, st.fields)[0]]
         if f.spec.codec != "raw":
             got = self._gather_field(st, f, idx)
             return got[0]
@@ -558,8 +573,8 @@ class Store:
         For other codecs the decoded bytes are returned (a copy).
         """
         st = self._st
-        idx = self._indices(st, indices)
-        f = st.fields[self._pick(st, field)[0]]
+        idx = record_ids(indices, st.meta.length)
+        f = st.fields[pick_fields(field, st.fields)[0]]
         if f.spec.codec != "raw":
             got = self._gather_field(st, f, idx)
             if isinstance(got, Ragged):
