@@ -24,12 +24,13 @@ Importing this module imports ``jax``; ``import headrace`` does not.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import jax
 import numpy as np
 
+from headrace._batch import selected
 from headrace._errors import ConfigError
 from headrace._store import Ragged
 
@@ -196,14 +197,8 @@ class DeviceIterator(Iterator[dict[str, Any]]):
             self._queue.append(placed)
 
     def _place(self, host: Mapping[str, Any]) -> dict[str, Any]:
-        names: Iterable[str] = host.keys() if self._fields is None else self._fields
         tree: dict[str, Any] = {}
-        for name in names:
-            if name not in host:
-                raise ConfigError(
-                    f"field {name!r} is not in the loader's batches (they hold {sorted(host)}); "
-                    "fix fields=")
-            value = host[name]
+        for name, value in selected(host, self._fields):
             if isinstance(value, Ragged):
                 self._check_ragged_placeable(name)
                 tree[name] = Ragged(self._host(value.values), self._host(value.offsets))

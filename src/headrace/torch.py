@@ -36,6 +36,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from headrace._batch import selected
 from headrace._errors import ConfigError
 from headrace._store import Ragged
 
@@ -220,14 +221,8 @@ def as_tensors(batch: Mapping[str, Any], *, pin_memory: bool = False,
     Raises:
         ConfigError: a name in ``fields`` is not in the batch.
     """
-    names = batch.keys() if fields is None else fields
     out: dict[str, Any] = {}
-    for name in names:
-        if name not in batch:
-            raise ConfigError(
-                f"field {name!r} is not in the loader's batches (they hold {sorted(batch)}); "
-                "fix fields=")
-        value = batch[name]
+    for name, value in selected(batch, fields):
         if isinstance(value, Ragged):
             # Ragged is annotated for NumPy; the same NamedTuple carries the two tensors here.
             out[name] = Ragged(cast(Any, _tensor(value.values, pin_memory)),
