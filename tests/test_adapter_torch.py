@@ -75,6 +75,12 @@ def test_tensors_share_the_loader_arrays(store_path: Path) -> None:
     assert list(headrace.torch.as_tensors(batch, fields=["label"])) == ["label"]
 
 
+def test_a_field_the_batch_lacks_is_named() -> None:
+    with pytest.raises(headrace.ConfigError, match=r"field 'nope' is not in the loader's batches "
+                       r"\(they hold \['a'\]\); fix fields="):
+        headrace.torch.as_tensors({"a": np.arange(3)}, fields=["nope"])
+
+
 def test_read_only_arrays_are_copied_without_a_warning() -> None:
     array = np.arange(6, dtype=np.int64)
     array.flags.writeable = False
