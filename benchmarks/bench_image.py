@@ -96,7 +96,7 @@ def naive_decode(data: bytes) -> np.ndarray:
     """The ceiling's decoder: full-size libjpeg-turbo decode + cv2 resize (headrace's filter)."""
     import simplejpeg
 
-    from headrace._image_decode import resize_into
+    from headrace._modal.image_decode import resize_into
 
     return resize_into(simplejpeg.decode_jpeg(data, colorspace="RGB"), OUT)
 
@@ -138,7 +138,7 @@ def run_ceiling(a: argparse.Namespace) -> int:
 
 
 def run_ceiling_dct(a: argparse.Namespace) -> int:
-    from headrace._image_decode import decode
+    from headrace._modal.image_decode import decode
 
     return _pool_pass(a, lambda b: decode(b, size=OUT))
 
@@ -207,8 +207,8 @@ def run_headrace_rrc(a: argparse.Namespace) -> int:
 def run_ceiling_rrc(a: argparse.Namespace) -> int:
     import simplejpeg
 
-    from headrace._image_augment import ImageSpec, plan_batch
-    from headrace._image_decode import image_size, resize_into
+    from headrace._modal.image_augment import ImageSpec, plan_batch
+    from headrace._modal.image_decode import image_size, resize_into
 
     spec = ImageSpec(random_resized_crop=OUT)
     files = list_files(a.root)
@@ -292,7 +292,7 @@ def main() -> None:
         mx8.pack_dir(root, out=pack, label_mode="imagefolder")
     for f in files:  # warm the page cache
         read(f)
-    from headrace._image_decode import image_size
+    from headrace._modal.image_decode import image_size
 
     shorts = [min(image_size(read(f))) for f in files[:200]]
     print(f"{len(files)} JPEGs, mean {np.mean(sizes) / 1e3:.0f} kB, short side "

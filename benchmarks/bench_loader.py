@@ -286,7 +286,7 @@ def run_grain(root: Path, rows: int, repeat: int) -> int:
 
 def sampler_seconds_per_batch(rows: int, batches: int = 782) -> float:
     """Wall time of the shuffle order for one batch, as the loader evaluates it."""
-    from headrace._order import make_order
+    from headrace._order.make import make_order
 
     order = make_order("shuffle", rows, seed=0)
     order.range(0, BATCH)  # builds the epoch's round tables, as the loader's first batch does

@@ -76,14 +76,14 @@ def _epoch(data: str, **kw: object) -> tuple[int, int]:
 
 
 def _keys(endpoint: str, prefix: str) -> list[tuple[str, int]]:
-    from headrace._objstore import ObjectStore, S3Options
+    from headrace._remote.objstore import ObjectStore, S3Options
 
     c = ObjectStore(BUCKET, options=S3Options(endpoint=endpoint))
     return [(i.key, i.size) for i in c.list(prefix)]
 
 
 def _ranges(endpoint: str) -> list[tuple[str, int, int]]:
-    from headrace._objstore import ObjectStore, S3Options
+    from headrace._remote.objstore import ObjectStore, S3Options
 
     c = ObjectStore(BUCKET, options=S3Options(endpoint=endpoint))
     out = []
@@ -95,9 +95,6 @@ def _ranges(endpoint: str) -> list[tuple[str, int, int]]:
 def child(name: str, endpoint: str, data_dir: str) -> dict[str, float]:
     os.environ.update(CREDS)
     os.environ["AWS_ENDPOINT_URL"] = endpoint
-    import headrace
-    import headrace._link_source  # registers s3:// links for load()
-    import headrace._loader  # noqa: F401
 
     t0 = time.perf_counter()  # imports are not timed
     n = nbytes = 0
@@ -182,7 +179,7 @@ SCENARIOS = [
 
 def setup(server_endpoint: str, data_dir: str, objects: int, kb: float, chunk_mb: float) -> None:
     import headrace
-    from headrace._objstore import ObjectStore, S3Options
+    from headrace._remote.objstore import ObjectStore, S3Options
 
     rng = np.random.default_rng(0)
     raw = os.path.join(data_dir, "raw")

@@ -50,7 +50,7 @@ def main() -> None:
 
     if scenario == "main":
         # 1. no process group yet: ranks agree through torchrun's own store
-        from headrace._agree import engine_name
+        from headrace._engine.agree import engine_name
 
         with headrace.DistributedDataLoader(store, batch=BATCH, tail="pad") as ddl:
             report["engine_before_pg"] = engine_name(ddl.launch)

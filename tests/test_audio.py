@@ -11,7 +11,7 @@ from scipy.signal import resample_poly
 
 import headrace
 from _media import dominant_hz, sine, write_audio, write_garbage
-from headrace._media_sources import pack_media
+from headrace._sources.media import pack_media
 
 RATE = 16000
 

@@ -174,7 +174,7 @@ def test_token_at_the_end_resumes_exhausted():
 
 def test_cached_token_encoder_matches_encode_byte_for_byte():
     # checkpoint() serializes the constant part once; every token must still equal encode().
-    from headrace import _checkpoint
+    from headrace._engine import checkpoint as _checkpoint
 
     long_fp = "x" * 500  # stored as its sha256
     for fp in ("arrays:50:abc", long_fp):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import headrace
-from headrace import _cli
+from headrace._cli import main as _cli
 
 N = 40
 X = (np.arange(N * 16, dtype=np.int64).reshape(N, 16) % 200).astype(np.uint8)

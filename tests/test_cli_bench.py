@@ -10,8 +10,8 @@ from PIL import Image
 
 import headrace
 from headrace import demo
-from headrace._cli import main
-from headrace._cli_bench import parse_size
+from headrace._cli.bench import parse_size
+from headrace._cli.main import main
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_bench_a_store_prints_the_table_and_writes_plot_and_timeline(store, tmp_
         assert text in out, out
     with Image.open(png) as im:
         assert im.format == "PNG" and im.size == (1000, 900)
-    tl = headrace._timeline.load_timeline(saved)
+    tl = headrace._engine.timeline.load_timeline(saved)
     assert tl["max_inflight_bytes"] == 4 << 20 and tl["threads"] == 2
     assert tl["samples"][-1]["delivered_samples_total"] > 0
 

@@ -7,7 +7,7 @@ import pytest
 
 import headrace
 from headrace import ConfigError, Constraints, RuntimeConfig
-from headrace._config import GIB, MIB, PROFILES, resolve_config
+from headrace._engine.config import GIB, MIB, PROFILES, resolve_config
 
 TOTAL = 25_276_510_208  # the MemTotal of the box mx8's table was measured on
 

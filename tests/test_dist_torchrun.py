@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 import headrace
-from headrace import ConfigError, _checkpoint
-from headrace._launcher import Launch
+from headrace import ConfigError
+from headrace._engine import checkpoint as _checkpoint
+from headrace._engine.launcher import Launch
 
 N = 1000
 BATCH = 16
@@ -80,7 +81,7 @@ def test_every_rank_agrees_on_the_snapshot(runs):
     main = runs["main"]
     snapshots = {r["snapshot"] for r in main}
     with headrace.open(runs["store"]) as st:
-        from headrace._sources import store_fingerprint
+        from headrace._store.fingerprint import store_fingerprint
 
         assert snapshots == {store_fingerprint(st)}
     assert {r["launcher"] for r in main} == {"torchrun"}
@@ -153,7 +154,7 @@ def test_elastic_resume_4_to_2_to_3_continues_the_same_global_stream(runs):
 
 
 def test_no_engine_means_a_clear_error_not_a_silent_guess(tmp_path):
-    from headrace._agree import agree
+    from headrace._engine.agree import agree
 
     with pytest.raises(ConfigError, match="cannot check that all ranks read the same"):
         agree(Launch(rank=0, world_size=2, launcher="slurm"), {"seed": 1}, env={})

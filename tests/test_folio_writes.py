@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 import headrace
-from headrace._folio_writes import FOLIO_BYTES, FolioWrites
+from headrace._store.folio_writes import FOLIO_BYTES, FolioWrites
 
 
 def test_appends_reach_the_file_exactly_and_only_whole_spans_are_written_early(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 
-from headrace._fsutil import discard_dir, undo_dir
+from headrace._base.fsutil import discard_dir, undo_dir
 
 
 def test_a_directory_the_call_made_is_removed(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 
 from _images import gradient
 from headrace import ConfigError
-from headrace._image_augment import (
+from headrace._modal.image_augment import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     ImageSpec,

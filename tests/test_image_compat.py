@@ -131,9 +131,9 @@ def test_load_of_an_image_folder_yields_what_its_pack_yields(tree, store):
 
 
 def test_which_source_claims_a_folder_does_not_depend_on_import_order(tree):
-    code = ("import sys, headrace._link_source\n"
-            "from headrace._sources import open_source\n"
-            "assert 'headrace._image_sources' not in sys.modules\n"
+    code = ("import sys, headrace._sources.links\n"
+            "from headrace._sources.base import open_source\n"
+            "assert 'headrace._sources.images' not in sys.modules\n"
             f"print(type(open_source({str(tree[0])!r})).__name__)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)

@@ -21,7 +21,7 @@ from PIL import Image
 
 from _images import cmyk_jpeg, encode, gradient, gray_jpeg, photo
 from headrace import DecodeError
-from headrace._image_decode import dct_factor, decode, image_size, resize_into, sniff
+from headrace._modal.image_decode import dct_factor, decode, image_size, resize_into, sniff
 
 
 def _area_weights(n: int, m: int) -> np.ndarray:

@@ -12,7 +12,7 @@ import pytest
 import headrace
 from _images import encode, gradient, imagefolder, photo, write_tree
 from headrace import ConfigError, DecodeError
-from headrace._image_decode import decode
+from headrace._modal.image_decode import decode
 
 AUG = {"random_resized_crop": (24, 24), "flip_p": 0.5, "jitter_brightness": 0.3,
        "jitter_contrast": 0.3, "jitter_saturation": 0.3, "jitter_hue": 0.1}
@@ -80,7 +80,7 @@ def test_mx8_pack_bytes_match_mx8_and_relocated_pack_loads(tree, tmp_path):
     root, _ = tree
     pack = tmp_path / "p"
     res = mx8.pack_dir(str(root), out=str(pack), shard_mb=1, label_mode="imagefolder")
-    from headrace._image_sources import Mx8PackImages
+    from headrace._sources.images import Mx8PackImages
 
     with headrace.image(f"{pack}@sha256:{res['manifest_hash']}", batch=4, resize=(8, 8)) as ld:
         assert len(next(ld)[0]) == 4

@@ -11,9 +11,10 @@ import pytest
 
 import headrace
 from _images import encode, gradient, imagefolder, write_tree
-from headrace import ConfigError, StoreExistsError, _pack_dir
-from headrace._folio_writes import FOLIO_BYTES
-from headrace._image_sources import decode_label, encode_label, read_labels_tsv
+from headrace import ConfigError, StoreExistsError
+from headrace._sources import file_batches
+from headrace._sources.images import decode_label, encode_label, read_labels_tsv
+from headrace._store.folio_writes import FOLIO_BYTES
 
 
 def test_pack_dir_stores_bytes_labels_paths_in_sorted_order(tmp_path):
@@ -101,7 +102,7 @@ def test_packing_streams_in_bounded_batches(tmp_path, monkeypatch):
     root = tmp_path / "in"
     blob = os.urandom(64 * 1024)  # packed as-is, never decoded here
     write_tree(root, {f"c{i % 3}/{i:04d}.jpg": blob[i:] + blob[:i] for i in range(240)})
-    monkeypatch.setattr(_pack_dir, "_BATCH_BYTES", 1 << 20)
+    monkeypatch.setattr(file_batches, "_BATCH_BYTES", 1 << 20)
     tracemalloc.start()
     try:
         res = headrace.pack_dir(root, out=tmp_path / "out", shard_mb=4)
@@ -120,7 +121,7 @@ def test_labels_tsv_percent_encoding_round_trips(tmp_path):
                                                     "%C3%BCn%C3%AF"]
     assert [decode_label(encode_label(n)) for n in names] == names
     p = tmp_path / "labels.tsv"
-    from headrace._image_sources import write_labels_tsv
+    from headrace._sources.images import write_labels_tsv
 
     write_labels_tsv(str(p), names, header=True)
     assert p.read_text().splitlines()[0] == "schema_version=1"

@@ -12,7 +12,7 @@ import headrace
 from _images import encode, gradient, imagefolder
 from _s3_server import new_bucket, s3_env, shared_server
 from headrace import ConfigError, LinkError
-from headrace._objstore import ObjectStore, S3Options
+from headrace._remote.objstore import ObjectStore, S3Options
 
 CLASSES = {"cat": 5, "dog": 4, "eel": 3}
 KW = {"batch": 5, "shuffle": True, "seed": 3, "resize": (20, 24), "flip_p": 0.5,

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from headrace import ConfigError
-from headrace._launcher import Launch, detect
+from headrace._engine.launcher import Launch, detect
 
 
 def test_single_process_without_a_launcher():
@@ -66,7 +66,7 @@ def test_bad_values_name_the_value(kwargs, env, fragment):
 
 
 def test_jax_is_not_imported_unless_asked():
-    code = ("import sys; from headrace._launcher import detect; detect(environ={});"
+    code = ("import sys; from headrace._engine.launcher import detect; detect(environ={});"
             "print('jax' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -87,8 +87,8 @@ def test_jax_distributed_two_processes(tmp_path):
         "jax.distributed.initialize(coordinator_address=f'127.0.0.1:{sys.argv[1]}',"
         " num_processes=2, process_id=int(sys.argv[2]), initialization_timeout=60)\n"
         "from headrace import ConfigError\n"
-        "from headrace._agree import agree\n"
-        "from headrace._launcher import detect\n"
+        "from headrace._engine.agree import agree\n"
+        "from headrace._engine.launcher import detect\n"
         "got = detect(environ={})\n"
         "same = agree(got, {'fingerprint': 'f', 'seed': 1, 'seed_proposal': got.rank}, env={})\n"
         "assert [p['seed_proposal'] for p in same] == [0, 0], same  # rank 0's choice wins\n"

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from headrace import LinkError
-from headrace._links import parse_link
+from headrace._remote.links import parse_link
 
 H = "ab" * 32
 

@@ -14,7 +14,7 @@ import pytest
 import headrace
 from _loader_util import headrace_threads, wait_for
 from headrace import LoaderError
-from headrace._stats import sample_memory
+from headrace._engine.stats import sample_memory
 
 pytestmark = pytest.mark.timeout(120)
 

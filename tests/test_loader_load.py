@@ -8,7 +8,7 @@ import pytest
 import headrace
 from _loader_util import take
 from headrace import ConfigError
-from headrace._sources import open_source, register_source
+from headrace._sources.base import open_source, register_source
 
 pytestmark = pytest.mark.timeout(120)
 

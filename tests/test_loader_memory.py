@@ -12,8 +12,8 @@ import pytest
 import headrace
 from _loader_util import take
 from headrace import ConfigError, MemoryCapError
-from headrace._budget import ByteBudget
-from headrace._order import make_order
+from headrace._engine.budget import ByteBudget
+from headrace._order.make import make_order
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 import headrace
 from _loader_util import take
-from headrace._order import make_order
-from headrace._plan import BatchPlan
-from headrace._sources import ArraySource
+from headrace._order.make import make_order
+from headrace._order.plan import BatchPlan
+from headrace._sources.base import ArraySource
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,7 +8,7 @@ import pytest
 import headrace
 from _loader_util import headrace_threads, wait_for
 from headrace import ConfigError, LoaderError
-from headrace._order import make_order
+from headrace._order.make import make_order
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,8 +10,8 @@ import pytest
 
 import headrace
 from headrace import LinkError
-from headrace._manifest import Manifest, ManifestStore, manifest_store_root
-from headrace._resolve import snapshot
+from headrace._remote.manifest import Manifest, ManifestStore, manifest_store_root
+from headrace._remote.resolve import snapshot
 
 
 def _tree(root, files):

@@ -9,9 +9,9 @@ import pytest
 
 import headrace
 from headrace import CheckpointError, ConfigError, LoaderError
-from headrace._mix import MixedLoader, mix
-from headrace._mix_schedule import SmoothRoundRobin, exact_weights
-from headrace._shared_budget import SharedBudget
+from headrace._engine.shared_budget import SharedBudget
+from headrace._multi.mix import MixedLoader, mix
+from headrace._multi.mix_schedule import SmoothRoundRobin, exact_weights
 
 LETTERS = "ABCD"
 OFF = 100_000  # record values of source i are i * OFF + record id

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import headrace
-from headrace import _pack_arrays
+from headrace._pack import arrays as _pack_arrays
 
 CODECS = ["raw", "zstd", "lz4", "deflate"]
 
@@ -193,7 +193,7 @@ _STREAM_CHILD = textwrap.dedent("""
     import json, resource, sys
     import numpy as np
     import headrace
-    from headrace import _store, _writer  # import everything first: only packing is measured
+    from headrace._store import reader, writer  # noqa: F401 # import everything first: only packing is measured
     src, out = sys.argv[1], sys.argv[2]
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     headrace.pack_arrays(out, x=src, codec="raw", slice_bytes=16 << 20, chunk_mb=64)

@@ -22,7 +22,7 @@ import pytest
 import headrace
 from _images import imagefolder, write_tree
 from headrace import ConfigError, PackWorkerError, StoreExistsError
-from headrace._parallel_pack import content_hash, plan_tasks, split_ranges
+from headrace._pack.parallel import content_hash, plan_tasks, split_ranges
 
 # -- helpers -------------------------------------------------------------------------------------
 

@@ -8,8 +8,8 @@ import pytest
 
 from _s3_server import FaultProxy, new_bucket, shared_server
 from headrace import ConfigError, RemoteError
-from headrace._cache import ByteCache
-from headrace._objstore import ObjectNotFoundError, ObjectStore, S3Options
+from headrace._remote.cache import ByteCache
+from headrace._remote.objstore import ObjectNotFoundError, ObjectStore, S3Options
 
 KEYS = {"access_key_id": "testing", "secret_access_key": "testing"}
 

@@ -8,9 +8,9 @@ import pytest
 import headrace
 from _s3_server import FaultProxy, new_bucket, s3_env, shared_server
 from headrace import ConfigError, LinkError, LoaderError
-from headrace._link_source import open_link
-from headrace._objstore import ObjectStore, S3Options
-from headrace._raw_source import RawSource
+from headrace._remote.objstore import ObjectStore, S3Options
+from headrace._sources.links import open_link
+from headrace._sources.raw import RawSource
 
 FILES = {f"{c}/{i:02d}.bin": bytes([ord(c[0]) + i]) * (10 + 7 * i) for c in ("cat", "dog")
          for i in range(9)}
@@ -176,8 +176,8 @@ def test_load_finds_the_link_source_by_itself(folder, ms):
     import sys
 
     code = ("import sys, headrace\n"
-            "from headrace._sources import open_source\n"
-            "assert 'headrace._link_source' not in sys.modules\n"
+            "from headrace._sources.base import open_source\n"
+            "assert 'headrace._sources.links' not in sys.modules\n"
             f"print(type(open_source({str(folder)!r}, store={ms!r})).__name__)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "RawSource"

@@ -11,9 +11,9 @@ import pytest
 import headrace
 from _s3_server import FaultProxy, new_bucket, s3_env, shared_server
 from headrace import CorruptionError, LinkError, StoreExistsError
-from headrace._link_source import open_link
-from headrace._objstore import ObjectStore, S3Options
-from headrace._remote_store import RemoteStore
+from headrace._remote.objstore import ObjectStore, S3Options
+from headrace._remote.store import RemoteStore
+from headrace._sources.links import open_link
 
 RNG = np.random.default_rng(0)
 FILES = {f"c{c}/{i:03d}.bin": RNG.integers(0, 256, int(RNG.integers(0, 3000)), np.uint8).tobytes()

@@ -15,9 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import headrace
-from headrace import ConfigError, _shuffle
-from headrace._sampler import Mode, Sampler, make_order
-from headrace._shuffle import _BLOCK_BITS
+from headrace import ConfigError
+from headrace._order import shuffle as _shuffle
+from headrace._order.sampler import Mode, Sampler, make_order
+from headrace._order.shuffle import _BLOCK_BITS
 
 MODES = [Mode.SEQUENTIAL, Mode.IID, Mode.SHUFFLE]
 
@@ -197,7 +198,7 @@ def test_one_order_shared_by_threads(mode):
 
 
 def test_arithmetic_and_table_round_functions_agree(monkeypatch):
-    import headrace._shuffle as order_mod
+    import headrace._order.shuffle as order_mod
 
     o = make_order("shuffle", 10_007, seed=4)
     pos = np.arange(20_014, dtype=np.uint64)
@@ -261,7 +262,7 @@ def test_shuffle_huge_n_spot_checks(n):
 
 def _per_element(o, positions):
     """Reference ids: the Feistel network with per-element round keys and array cycle-walks."""
-    from headrace._shuffle import _round_keys
+    from headrace._order.shuffle import _round_keys
 
     pos = np.asarray(positions, dtype=np.uint64)
     epochs = pos // np.uint64(o.length)
@@ -344,7 +345,7 @@ def _run(net, start, count):
 
 
 def test_one_epochs_round_keys_equal_the_array_form():
-    from headrace._shuffle import _epoch_round_keys, _round_keys
+    from headrace._order.shuffle import _epoch_round_keys, _round_keys
 
     for key in (0, 12345, 2**64 - 1):
         for epoch in (0, 1, 7, 2**40 + 3, 2**64 - 1):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import headrace
-from headrace import _format
+from headrace._store import format as _format
 
 N = 40
 FIELDS = {"x": {"dtype": "uint8", "shape": [8]}, "b": "bytes",

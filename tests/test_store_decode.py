@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import headrace
-from headrace import _format, _store
+from headrace._store import format as _format
+from headrace._store import reader as _store
 
 CODECS = ["raw", "zstd", "lz4", "deflate"]
 N = 300

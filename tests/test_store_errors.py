@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import headrace
-from headrace import _format
+from headrace._store import format as _format
 
 
 def _store(path, n=4):

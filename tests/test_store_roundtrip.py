@@ -190,7 +190,7 @@ def test_large_records_decode_in_place(tmp_path, codec):
 def test_fixed_raw_gather_with_and_without_the_virtual_map(tmp_path, monkeypatch, virtual):
     # Where one address range cannot hold all chunks (_vmap returns None, e.g. no libc mmap), the
     # reader takes per chunk; both paths must give the same rows, absent records as zeros.
-    from headrace import _snapshot
+    from headrace._store import snapshot as _snapshot
     if not virtual:
         monkeypatch.setattr(_snapshot, "map_concat", lambda files, align: None)
     rng = np.random.default_rng(9)

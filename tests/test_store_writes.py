@@ -167,7 +167,7 @@ def test_io_error_after_the_rename_keeps_the_new_commit(tmp_path, monkeypatch):
     # An EIO from the directory fsync that follows the meta.json rename: the commit happened (and
     # may or may not survive a power cut), so the writer must not "roll back" by deleting the
     # files the new meta.json names. Fault injection on the real fsync, nothing else faked.
-    from headrace import _format
+    from headrace._store import format as _format
 
     w = _make(tmp_path / "s", n=3)
     w.delete(0)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import headrace
 from _loader_util import run_checkpoint_roundtrip
-from headrace._text_loader import WindowSource, window_counts
+from headrace._modal.text import WindowSource, window_counts
 
 BOS, EOS = 2, 1
 DOCS = [[10, 11, 12], [20, 21], [], [30, 31, 32, 33, 34]]

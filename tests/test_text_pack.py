@@ -11,8 +11,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 import headrace
 from _s3_server import new_bucket, s3_env, shared_server
-from headrace._objstore import ObjectStore, S3Options
-from headrace._tokenizer import ByteTokenizer, as_tokenizer
+from headrace._pack.tokenizer import ByteTokenizer, as_tokenizer
+from headrace._remote.objstore import ObjectStore, S3Options
 
 
 def word_tokenizer() -> Tokenizer:

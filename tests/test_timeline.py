@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import headrace
-from headrace._timeline import Recorder, advice, derive, load_timeline, summarize
+from headrace._engine.timeline import Recorder, advice, derive, load_timeline, summarize
 
 
 def _data(n=2000):

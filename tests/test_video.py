@@ -20,7 +20,7 @@ from _media import (
     write_unknown_codec,
     write_video,
 )
-from headrace._media_sources import pack_media
+from headrace._sources.media import pack_media
 
 # name -> (frames, source fps, codec, keyframe interval); in byte-wise path order
 VIDEOS = {

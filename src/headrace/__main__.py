@@ -2,6 +2,6 @@
 
 import sys
 
-from headrace._cli import main
+from headrace._cli.main import main
 
 sys.exit(main())

@@ -341,7 +341,7 @@ def step_train(demo: Demo) -> None:
     for the plot step.
     """
     import headrace
-    from headrace._timeline import Recorder
+    from headrace._engine.timeline import Recorder
 
     steps = int(os.environ.get("HEADRACE_DEMO_STEPS", "100"))
     try:
@@ -390,7 +390,7 @@ def step_plot(demo: Demo) -> None:
     """Writes the timeline (JSON) and its plot, and says where the time went."""
     import json
 
-    from headrace._timeline import summarize
+    from headrace._engine.timeline import summarize
 
     timeline = demo.results["timeline"]
     saved = demo.root / "timeline.json"

@@ -30,9 +30,9 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from headrace._batch import selected
-from headrace._errors import ConfigError
-from headrace._store import Ragged
+from headrace._base.errors import ConfigError
+from headrace._engine.batch import selected
+from headrace._store.reader import Ragged
 
 __all__ = ["DeviceIterator", "iterator"]
 

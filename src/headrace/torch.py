@@ -36,9 +36,9 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from headrace._batch import selected
-from headrace._errors import ConfigError
-from headrace._store import Ragged
+from headrace._base.errors import ConfigError
+from headrace._engine.batch import selected
+from headrace._store.reader import Ragged
 
 __all__ = ["IterableDataset", "as_tensors"]
 

@@ -1,0 +1,1 @@
+"""The shared vocabulary: errors, filesystem helpers, progress bars. Imports nothing of headrace."""

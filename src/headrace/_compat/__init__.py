@@ -1,0 +1,1 @@
+"""loaderx's spellings (Dataset, DataLoader), kept apart from headrace's own API."""

@@ -1,0 +1,78 @@
+"""loaderx 0.4.1's ``DataLoader(dataset, labelset, ...)``: endless ``{'data', 'label'}`` batches.
+
+Same constructor and output as loaderx, on headrace's loader: batches come in sampler order no
+matter how many workers run (loaderx delivers out of order), a failing transform raises from
+``next()`` instead of hanging, ``close()`` never hangs, and ``checkpoint()``/``stats()`` work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from headrace._base.errors import ConfigError
+from headrace._engine.config import resolve_config
+from headrace._engine.loader import Loader
+from headrace._sources.base import ArraySource
+
+__all__ = ["DataLoader"]
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+class DataLoader(Loader):
+    """An endless loader over a dataset and a labelset, as loaderx 0.4.1.
+
+    Example::
+
+        loader = headrace.DataLoader(headrace.Dataset("x.npy"), headrace.Dataset("y.npy"),
+                                     batch_size=256, mode=headrace.Sampler.Mode.IID, seed=42)
+        batch = next(loader)   # {'data': ndarray[256, ...], 'label': ndarray[256]}
+
+    Args:
+        dataset, labelset: ``headrace.Dataset``-like objects (``__len__`` and ``__getitems__``)
+            or NumPy arrays, of equal length.
+        num_workers: worker threads (0 is taken as 1).
+        batch_size: records per batch.
+        prefetch_size: ready batches kept ahead of the consumer.
+        mode: ``Sampler.Mode.SEQUENTIAL`` (0, circular window), ``IID`` (1) or ``SHUFFLE`` (2).
+        seed: sampler seed.
+        transform: ``fn((data, label)) -> (data, label)``, run in the workers.
+        inflight: byte cap; by default large enough for ``num_workers + prefetch_size`` batches
+            (loaderx has no cap, so a ported script never trips over one).
+        resume: a ``checkpoint()`` token.
+    """
+
+    def __init__(self, dataset: Any, labelset: Any, num_workers: int = 4, batch_size: int = 256,
+                 prefetch_size: int = 4, mode: int = 1, seed: int = 42,
+                 transform: Callable[[Any], Any] = _identity, *, inflight: int | None = None,
+                 resume: bytes | None = None) -> None:
+        if len(dataset) != len(labelset):
+            raise ConfigError("dataset and labelset must have the same length")
+        for name, value in (("num_workers", num_workers), ("prefetch_size", prefetch_size),
+                            ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name} must be an int >= 0, got {value!r}")
+        threads = max(1, num_workers)
+        source = ArraySource({"data": dataset, "label": labelset})
+        user = transform
+
+        def apply(batch: dict[str, Any], ids: np.ndarray) -> dict[str, Any]:
+            data, label = user((batch["data"], batch["label"]))
+            return {"data": data, "label": label}
+
+        if inflight is None:
+            one = source.nbytes(np.zeros(max(1, batch_size), np.int64))
+            default = resolve_config(threads=threads, prefetch=prefetch_size).max_inflight_bytes
+            inflight = max(default, one * (threads + prefetch_size))
+        super().__init__(source, batch=batch_size, order=mode, seed=seed, epochs=None,
+                         transform=None if transform is _identity else apply, threads=threads,
+                         prefetch=prefetch_size, queue=max(1, threads + prefetch_size),
+                         inflight=inflight, resume=resume, close_source=True)
+
+    def __len__(self) -> int:
+        raise TypeError("Eternal loader has no length.")

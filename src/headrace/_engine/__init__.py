@@ -1,0 +1,1 @@
+"""The engine: one threaded, bounded loader with its knobs, budgets, checkpoints, stats and timeline."""

@@ -1,0 +1,208 @@
+"""Lifecycle and stats scaffolding shared by the loaders that wrap :class:`headrace.Loader`.
+
+The audio, video and image loaders each run an inner ``Loader`` over data they own (media files
+or image records) and add a decoding transform. What they do around it is the same: ``with`` and
+a finalizer, an idempotent ``close()`` that stops the threads before releasing the data,
+``print_stats()`` as the inner loader's report plus one line of their own, decode errors raised
+in a worker re-raised as they were, the ``Loader`` keywords passed through unchanged, and the
+inner loader's source: a view of the records that leaves closing them to the wrapper. Those
+live here, so each loader states only what differs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol, Self
+
+import numpy as np
+
+from headrace._base.errors import DecodeError, LoaderError
+from headrace._engine.timeline import TimelineMixin
+
+if TYPE_CHECKING:
+    from headrace._engine.loader import Loader
+    from headrace._sources.media import MediaFiles
+
+__all__ = ["INNER_LOADER_KEYWORDS", "BorrowedRecords", "ClosingMixin", "LoaderWrapper",
+           "SingleLoaderWrapper"]
+
+#: the keywords of ``audio()``, ``video()`` and ``image()`` that go to the inner ``Loader`` as
+#: they are (their meaning is the Loader's: docs/api.md)
+INNER_LOADER_KEYWORDS = ("threads", "inflight", "ram_gb", "queue", "prefetch", "profile",
+                         "constraints", "runtime", "rank", "world_size")
+
+
+class _Records(Protocol):
+    """What :class:`BorrowedRecords` needs of ``MediaFiles`` / ``ImageRecords``."""
+
+    def __len__(self) -> int: ...
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def payload_nbytes(self, ids: np.ndarray) -> int: ...
+
+
+class BorrowedRecords:
+    """The inner ``Loader``'s source over records that the wrapping loader owns.
+
+    ``close()`` does nothing: the wrapper closes the records itself, after the threads stopped,
+    and may hand them on (the image loader's epochs and ``mix`` rebuilds reuse them). A batch
+    holds what ``gather`` returns: the payloads the records copy into memory (views of a mapping
+    cost nothing) plus an int64 label per record. Subclasses define ``gather``.
+    """
+
+    def __init__(self, records: _Records) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.records.fingerprint
+
+    def nbytes(self, ids: np.ndarray) -> int:
+        return self.records.payload_nbytes(ids) + 8 * len(ids)
+
+    def close(self) -> None:
+        pass
+
+
+class ClosingMixin:
+    """``with`` support and a best-effort ``close()`` at garbage collection.
+
+    The class defines an idempotent ``close()``; ``__del__`` swallows errors because a finalizer
+    may run during interpreter shutdown, when modules it needs are already gone.
+    """
+
+    def close(self) -> None:  # overridden
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class LoaderWrapper(TimelineMixin, ClosingMixin):
+    """A loader class that runs inner ``Loader`` objects over data it owns (module docstring).
+
+    Subclasses set ``_closed`` in their constructor and ``_stats_summary``, and define
+    ``stats()``, ``_current_loader`` (the inner loader whose report ``print_stats`` shows),
+    ``_release_data`` and ``_stop`` (stops the threads).
+    """
+
+    _closed: bool
+    #: the line ``print_stats`` adds under the inner loader's report: a ``str.format`` template
+    #: filled from ``stats()`` by key
+    _stats_summary: str
+
+    def _current_loader(self) -> Loader:
+        raise NotImplementedError
+
+    def _stop(self) -> None:
+        raise NotImplementedError
+
+    def _release_data(self) -> None:
+        """Closes the data (files, records); called once, after the threads have stopped."""
+        raise NotImplementedError
+
+    def __iter__(self) -> Self:
+        return self
+
+    def print_stats(self) -> None:
+        s = self.stats()
+        self._current_loader().print_stats()
+        print(self._stats_summary.format_map(s))
+
+    def close(self) -> None:
+        """Stops the threads and releases the data (idempotent)."""
+        if self._closed:
+            return
+        self._stop()
+        self._release_data()
+
+
+class SingleLoaderWrapper(LoaderWrapper):
+    """A :class:`LoaderWrapper` whose one ``Loader`` (``_inner``) spans every epoch, over
+    :class:`~headrace._sources.media.MediaFiles` (``files``): the audio and video loaders.
+
+    ``_inner`` may be missing when ``close()`` runs (the constructor failed before it was built).
+    """
+
+    _inner: Loader
+    files: MediaFiles
+
+    def _current_loader(self) -> Loader:
+        return self._inner
+
+    def _started(self, timeline_s: float | None) -> None:
+        """Ends the constructor once ``_inner`` is built: the loader's resolved batch size and
+        seed, then the timeline (so its ``t = 0`` is when the loader is ready)."""
+        self.batch_size = self._inner.batch_size
+        self.seed = self._inner.seed
+        self._start_timeline(timeline_s)
+
+    def _stop(self) -> None:
+        self._closed = True
+        inner = getattr(self, "_inner", None)
+        if inner is not None:
+            inner.close()
+
+    def _release_data(self) -> None:
+        self.files.close()
+
+    def _next_delivered(self, ids_key: str) -> dict[str, Any]:
+        """The inner loader's next batch that still holds records (``ids_key``: its id array).
+
+        A batch where every record failed to decode (skip/count policy) comes back empty from
+        the transform; it is passed over rather than handed to the training loop.
+        """
+        while True:
+            try:
+                b = next(self._inner)
+            except StopIteration:
+                self._end_timeline()
+                raise
+            except LoaderError as e:
+                # The Loader wraps what a worker raised; a decode error is the user's to catch
+                # by its own type, with the record and path it names.
+                if isinstance(e.__cause__, DecodeError):
+                    raise e.__cause__.with_traceback(None) from e
+                raise
+            if len(b[ids_key]) == 0:
+                continue
+            self.last_ids = b[ids_key]
+            self._tick_timeline()
+            return b
+
+    def __len__(self) -> int:
+        """Batches left to yield (``TypeError`` when endless)."""
+        if self._inner._end_epoch is None:
+            raise TypeError(f"an endless {self._timeline_kind} loader (epochs=None) has no length")
+        return len(self._inner)
+
+    @property
+    def classes(self) -> list[str] | None:
+        """Class names by label id (folder names or the store's ``_labels.tsv``), or ``None``."""
+        return self.files.classes
+
+    @property
+    def epoch(self) -> int:
+        return self._inner.epoch
+
+    @property
+    def loader(self) -> Loader:
+        """The underlying :class:`headrace.Loader`."""
+        return self._inner
+
+    def checkpoint(self) -> bytes:
+        """A token for ``resume=``: continues right after the last delivered batch."""
+        return self._inner.checkpoint()

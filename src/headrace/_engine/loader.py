@@ -1,0 +1,741 @@
+"""The threaded, ordered, bounded loader.
+
+Pipeline (one direction)::
+
+    worker threads, each in turn:                          reorder buffer ──▶ consumer next()
+    [dispatch lock: plan → ids → nbytes → window, RAM, budget]  (dict keyed by   (in batch order,
+    then, in parallel: gather + transform (GIL released)         batch number)     releases budget)
+
+Invariants:
+
+* Batch ``k`` is dispatched only after ``k - delivered < window`` and after its bytes are reserved
+  in the budget; reservations happen in batch order (one dispatching worker at a time). The batch the consumer waits for is
+  therefore always dispatched or dispatchable (everything before it was delivered and released),
+  so the loader cannot deadlock on its own cap.
+* Delivered batches belong to the consumer and are not counted: the budget is released in
+  ``next()``, so a consumer holding batches never stalls the loader (see ``docs/memory.md``).
+* Each buffered result carries the stream position after it; ``checkpoint()`` encodes the position
+  after the last *delivered* batch, so buffered batches are never counted as consumed.
+* Threads hold a reference to the engine only, never to the ``Loader``: when a loader is dropped
+  without ``close()`` its ``weakref.finalize`` stops and joins the threads.
+* A consumer about to wait dispatches and gathers the next batch itself when that needs no wait
+  (``_Engine._inline``): same reservation, same posting, so order, caps and checkpoints do not
+  change; a producer-bound loop then pays no thread hand-off for that batch.
+* A consumer waiting for a batch checks every ``_LIVENESS_S`` that a worker is still alive, so
+  workers killed outside the guarded code give a ``LoaderError``, never a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from headrace._base.errors import ConfigError, HeadraceError, LoaderError, MemoryCapError
+from headrace._engine import checkpoint as _checkpoint
+from headrace._engine.budget import ByteBudget
+from headrace._engine.config import Constraints, ResolvedConfig, RuntimeConfig, resolve_config
+from headrace._engine.stats import LoaderCounters, print_line
+from headrace._engine.timeline import Recorder
+from headrace._order.make import make_order
+from headrace._order.order import Mode, Order
+from headrace._order.plan import BatchPlan, Step
+from headrace._sources.base import Source, open_source, payload_nbytes
+
+__all__ = ["Loader"]
+
+Transform = Callable[[dict[str, Any], np.ndarray], Any]
+_TAILS = ("partial", "drop", "pad")
+_JOIN_TIMEOUT_S = 10.0
+_RAM_POLL_S = 0.005
+_RAM_SAMPLE_AGE_S = 0.01  # reuse a memory sample this young when far from the RAM cap
+_RAM_WAIT_S = 5.0  # how long next() waits on an over-cap process before raising MemoryCapError
+_LIVENESS_S = 1.0  # while next() waits, check this often that some worker is still alive
+
+
+@dataclass
+class _Result:
+    k: int
+    ids: np.ndarray
+    nbytes: int
+    after: int
+    batch: Any = None
+    error: BaseException | None = None
+    where: str = "worker"
+
+
+class _Engine:
+    """The worker threads and the state they share. Knows nothing of the ``Loader`` object.
+
+    Workers dispatch for themselves: under ``dispatch_lock`` one worker at a time takes the next
+    step of the plan, computes its ids and bytes, waits for window, RAM and budget, and only then
+    releases the lock and gathers. Reservation is therefore in batch order (no deadlock, see the
+    module docstring) while gathers and transforms run in parallel. One hand-off per batch
+    (worker -> consumer) keeps the per-batch overhead low.
+    """
+
+    def __init__(self, *, source: Source, order: Order | None, offset: int, steps: Iterator[Step],
+                 transform: Transform | None, transform_nbytes: Callable[[int], int] | None,
+                 cfg: ResolvedConfig, budget: ByteBudget, counters: LoaderCounters) -> None:
+        self.source = source
+        self.order = order
+        self.offset = offset
+        self.transform = transform
+        self.transform_nbytes = transform_nbytes
+        self.cfg = cfg
+        self.window = cfg.window_batches
+        self.budget = budget
+        self.counters = counters
+        self.lock = threading.Lock()
+        self.ready_cv = threading.Condition(self.lock)  # the consumer waits here
+        self.space_cv = threading.Condition(self.lock)  # the dispatching worker waits here
+        self.dispatch_lock = threading.Lock()
+        self.ready: dict[int, _Result] = {}
+        self.next_dispatch = 0
+        self.next_deliver = 0
+        self.end_k: int | None = None
+        self.closed = False
+        self.ram_blocked_since: float | None = None
+        self._steps = steps
+        # A step taken from the plan whose bytes could not be reserved without waiting (by the
+        # consumer's inline dispatch): the next dispatcher starts from it, so no step is skipped.
+        self._pending: Step | None = None
+        self.pid = os.getpid()  # threads do not survive fork(): a child must build its own
+        # issue 10 (timeline): seconds each worker spent in [gather, transform]; one slot per
+        # worker, so each is written by one thread only and no lock is needed.
+        # The last slot is the consumer's (batches it gathers inline, see take()).
+        self.busy = [[0.0, 0.0] for _ in range(cfg.threads + 1)]
+        self.threads = [threading.Thread(target=self._work, args=(i,),
+                                         name=f"headrace-worker-{i}", daemon=True)
+                        for i in range(cfg.threads)]
+        for t in self.threads:
+            t.start()
+
+    # -- dispatch (one worker at a time, under dispatch_lock) ------------------------------------
+
+    def _ids(self, step: Step) -> np.ndarray:
+        assert self.order is not None
+        if step.positions is not None:
+            ids = self.order.indices(step.positions)
+        else:
+            ids = self.order.shared_range(step.start, step.count)  # read-only, maybe shared
+        if self.offset:
+            ids = ids + self.offset
+            ids.flags.writeable = False  # the same either way: sources only read their ids
+        return ids
+
+    def _wait_ram(self, nbytes: int) -> bool:
+        """Pause while the process's counted RSS plus this batch would pass the RAM cap."""
+        cap = self.cfg.max_ram_bytes
+        if self.counters.sample(max_age_s=_RAM_SAMPLE_AGE_S).counted_bytes + nbytes <= cap:
+            return True
+        start = time.monotonic()
+        with self.lock:
+            self.ram_blocked_since = start
+            self.ready_cv.notify_all()
+        try:
+            while not self.closed:
+                if self.counters.sample().counted_bytes + nbytes <= cap:
+                    return True
+                with self.lock:
+                    self.space_cv.wait(_RAM_POLL_S)
+            return False
+        finally:
+            with self.lock:
+                self.ram_blocked_since = None
+            self.counters.ram_wait_s += time.monotonic() - start
+
+    def _next_task(self) -> _Result | None:
+        """Reserve the next batch (window, RAM, budget, in batch order); None = stop working."""
+        with self.dispatch_lock:
+            return self._dispatch(wait=True)
+
+    def _dispatch(self, *, wait: bool) -> _Result | None:
+        """Take the next step and reserve its bytes; called under ``dispatch_lock``.
+
+        ``wait=False`` (the consumer's inline dispatch) never blocks: when the window, RAM or
+        budget has no room now it leaves the step in ``_pending`` for the next dispatcher and
+        returns None.
+        """
+        with self.lock:
+            k = self.next_dispatch
+            while not self.closed and self.end_k is None and k - self.next_deliver >= self.window:
+                if not wait:
+                    return None
+                self.space_cv.wait()
+            if self.closed or self.end_k is not None:
+                return None
+        step, self._pending = self._pending, None
+        if step is None:
+            step = next(self._steps, None)
+        if step is None:
+            with self.lock:
+                self.end_k = k
+                self.ready_cv.notify_all()
+            return None
+        ids = np.empty(0, np.int64)
+        try:
+            ids = self._ids(step)
+            nbytes = int(self.source.nbytes(ids))
+            if self.transform_nbytes is not None:
+                nbytes += int(self.transform_nbytes(len(ids)))
+            if nbytes < 0:
+                raise ConfigError(f"batch {k} would need {nbytes} bytes; source.nbytes and "
+                                  "transform_nbytes must return sizes >= 0")
+            self.budget.check_fits(nbytes, what=f"batch {k} ({len(ids)} records)")
+            if not wait:
+                cap = self.cfg.max_ram_bytes
+                if (self.counters.sample(max_age_s=_RAM_SAMPLE_AGE_S).counted_bytes + nbytes
+                        > cap or not self.budget.acquire(nbytes, timeout_s=0.0)):
+                    self._pending = step
+                    return None
+            elif not self._wait_ram(nbytes) or not self.budget.acquire(nbytes):
+                return None  # closed while waiting
+        except BaseException as e:  # posted in order: the consumer raises it at batch k
+            self._post(_Result(k, ids, 0, step.after, error=e, where="dispatcher"))
+            return None
+        with self.lock:
+            self.next_dispatch = k + 1
+        return _Result(k, ids, nbytes, step.after)
+
+    # -- workers ---------------------------------------------------------------------------------
+
+    def _work(self, slot: int) -> None:
+        busy = self.busy[slot]
+        while True:
+            try:
+                task = self._next_task()
+            except BaseException as e:  # e.g. the step plan raised: never leave the consumer waiting
+                with self.lock:
+                    k = self.next_dispatch
+                self._post(_Result(k, np.empty(0, np.int64), 0, 0, error=e, where="dispatcher"))
+                return
+            if task is None:
+                return
+            self._run(task, busy)
+
+    def _run(self, task: _Result, busy: list[float]) -> None:
+        """Gather and transform one reserved batch, then post it (or its error) in order."""
+        t0 = time.monotonic()
+        try:
+            batch = self.source.gather(task.ids)
+            t1 = time.monotonic()
+            busy[0] += t1 - t0
+            if self.transform is not None:
+                task.where = "transform"
+                # the transform is user code that may keep or edit its ids (e.g. put them in the
+                # batch): it gets its own writable copy, not the order's shared read-only block
+                batch = self.transform(batch, task.ids.copy())
+                busy[1] += time.monotonic() - t1
+            task.batch = batch
+        except BaseException as e:
+            task.error = e
+        self._post(task)
+
+    def _post(self, result: _Result) -> None:
+        with self.lock:
+            if self.closed:  # e.g. a consumer's inline gather that close() overtook: drop it
+                return
+            self.ready[result.k] = result
+            if len(self.ready) > self.counters.queue_high_water:
+                self.counters.queue_high_water = len(self.ready)
+            if result.error is not None and result.where == "dispatcher":
+                self.end_k = result.k + 1  # nothing after a failed dispatch
+                self.space_cv.notify_all()
+            if result.k == self.next_deliver or self.end_k is not None:
+                self.ready_cv.notify()
+
+    # -- consumer --------------------------------------------------------------------------------
+
+    def _inline(self) -> bool:
+        """The consumer, about to wait, gathers the next undispatched batch itself.
+
+        Only when that needs no wait (no worker is dispatching, and window, RAM and budget have
+        room now). A consumer that would otherwise sleep does the work a worker would do, so a
+        producer-bound loop pays no thread hand-off for that batch; order, caps and checkpoints
+        are unchanged (the batch is reserved and posted exactly as a worker's).
+        """
+        if not self.dispatch_lock.acquire(blocking=False):
+            return False
+        try:
+            task = self._dispatch(wait=False)
+        finally:
+            self.dispatch_lock.release()
+        if task is None:
+            return False
+        self._run(task, self.busy[-1])
+        return True
+
+    def _check_alive(self) -> None:
+        """Raise if every worker thread has exited while batches are still owed (called locked)."""
+        if any(t.is_alive() for t in self.threads):
+            return
+        if self.closed or self.end_k is not None or self.next_deliver in self.ready:
+            return
+        raise LoaderError(
+            f"all {len(self.threads)} loader worker threads exited without delivering batch "
+            f"{self.next_deliver} (they were killed or failed outside the loader's error "
+            "handling); the loader cannot continue: close it and create a new one "
+            "(resume=loader.checkpoint() continues after the last delivered batch)")
+
+    def take(self, ram_wait_s: float) -> _Result | None:
+        """The next batch in order, or None at the end / after close."""
+        if os.getpid() != self.pid:
+            raise LoaderError("this loader was created in another process and its threads did "
+                              "not survive fork(); create the loader in the process that "
+                              "iterates it (e.g. inside each DataLoader worker)")
+        with self.lock:
+            k = self.next_deliver
+            while k not in self.ready:
+                if self.closed or (self.end_k is not None and k >= self.end_k):
+                    return None
+                if self.ram_blocked_since is None and self.next_dispatch - k < self.window:
+                    self.lock.release()
+                    try:
+                        ran = self._inline()
+                    finally:
+                        self.lock.acquire()
+                    if ran:
+                        continue
+                    if k in self.ready:
+                        break
+                    if self.closed or (self.end_k is not None and k >= self.end_k):
+                        return None
+                blocked = self.ram_blocked_since
+                if blocked is not None and self.next_dispatch == k:
+                    # Nothing in flight and producers paused on the RAM cap: memory the loader
+                    # does not own is holding the process over the cap.
+                    if time.monotonic() - blocked >= ram_wait_s:
+                        m = self.counters.sample()
+                        raise MemoryCapError(
+                            f"process rss {m.counted_bytes} bytes (excluding "
+                            f"{m.page_cache_bytes} bytes of page cache) exceeds "
+                            f"max_process_rss_bytes {self.cfg.max_ram_bytes} and no batch is in "
+                            "flight; free batches the program holds, or raise ram_gb / "
+                            "Constraints(max_ram_bytes=...)")
+                    self.ready_cv.wait(_RAM_POLL_S * 10)
+                elif not self.ready_cv.wait(_LIVENESS_S):
+                    self._check_alive()
+            result = self.ready.pop(k)
+            self.next_deliver = k + 1
+            self.space_cv.notify()
+        self.budget.release(result.nbytes)
+        return result
+
+    def queue_depth(self) -> int:
+        return len(self.ready)
+
+    def in_flight(self) -> int:
+        return self.next_dispatch - self.next_deliver
+
+    def shutdown(self) -> None:
+        """Stop and join the threads (idempotent; safe from any thread and from a finalizer)."""
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            self.ready_cv.notify_all()
+            self.space_cv.notify_all()
+        self.budget.close()
+        me = threading.current_thread()
+        for t in self.threads:
+            if t is not me and t.is_alive():
+                t.join(_JOIN_TIMEOUT_S)
+        with self.lock:
+            self.ready.clear()
+
+
+def as_mode(order: Any) -> Mode:
+    if isinstance(order, Mode):
+        return order
+    if isinstance(order, str):
+        try:
+            return Mode[order.strip().upper()]
+        except KeyError:
+            pass
+    elif isinstance(order, int) and not isinstance(order, bool):
+        try:
+            return Mode(order)
+        except ValueError:
+            pass
+    valid = ", ".join(repr(m.name.lower()) for m in Mode)
+    raise ConfigError(f"unknown order {order!r}; use one of {valid} (or headrace.Sampler.Mode)")
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ConfigError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+class Loader:
+    """Deterministic, threaded batches from a source, under hard memory caps.
+
+    Example::
+
+        with headrace.Loader("train.hr", batch=256, order="shuffle", seed=1, epochs=None) as ld:
+            for step, batch in zip(range(1000), ld):
+                train_step(batch["image"], batch["label"])
+            token = ld.checkpoint()        # later: Loader(..., resume=token)
+
+    Args:
+        source: a ``Source``, a ``Store``, a store path, an array or a dict of arrays.
+        batch: records per batch (>= 1).
+        order: ``"sequential"`` (circular window), ``"shuffle"`` (a new permutation per epoch) or
+            ``"iid"`` (draws with replacement); also a ``Mode`` or its int value.
+        seed: order seed (0 .. 2**64-1).
+        epoch: the first epoch (positions start at ``epoch * N``).
+        epochs: how many epochs to read; ``None`` = endless (step-based; batches run across epoch
+            boundaries and each epoch is reshuffled).
+        drop_last: drop an incomplete last batch of each epoch (same as ``tail="drop"``).
+        rank, world_size: read rank ``rank``'s share of the global stream (see ``headrace._order.plan.BatchPlan``).
+        tail: incomplete last global step of an epoch: ``"partial"`` (default for one rank),
+            ``"pad"`` (default for several ranks: all ranks get the same number of full
+            batches) or ``"drop"``. ``tail`` and ``drop_last`` only matter in epoch mode: an
+            endless loader's batches are always full and run across epoch boundaries.
+        start, end: read only records ``[start, end)`` (the order maps into that range).
+        transform: ``fn(batch, ids) -> batch`` (``ids``: the batch's record ids, an int64 array
+            of its own), runs in worker threads (or in the consumer's,
+            when it gathers a batch itself instead of waiting; see ``docs/memory.md``).
+        transform_nbytes: ``fn(n_records) -> bytes`` the transform allocates (counted in the cap).
+        threads: worker threads (default: cores, 2..8).
+        inflight, ram_gb, queue, prefetch, profile, constraints, runtime: memory and queue knobs,
+            resolved as described in ``headrace._engine.config`` and ``docs/memory.md``.
+        resume: a token from ``checkpoint()``; continues right after the last delivered batch.
+        close_source: close the source with the loader (default: only if the loader opened it).
+        budget: a ``ByteBudget`` to reserve from instead of a private one (``headrace.mix`` passes
+            each source a share of one cap).
+        timeline: record periodic ``stats()`` snapshots for ``stats_timeline()`` /
+            ``headrace.plot``: ``True`` (every 0.5 s) or a period in seconds.
+
+    Raises:
+        ConfigError: a bad knob, or a cap smaller than one batch (the message says the minimum).
+        CheckpointError: ``resume`` was taken on other data, seed, order or batch size.
+
+    One thread consumes a loader (``next()`` is not meant to be called from several threads at
+    once); any number of worker threads produce for it.
+    """
+
+    def __init__(self, source: Any, *, batch: int = 256, order: Any = "sequential",
+                 seed: int = 0, epoch: int = 0, epochs: int | None = 1, drop_last: bool = False,
+                 rank: int = 0, world_size: int = 1, tail: str | None = None,
+                 start: int | None = None, end: int | None = None,
+                 transform: Transform | None = None,
+                 transform_nbytes: Callable[[int], int] | None = None,
+                 threads: int | None = None, inflight: int | None = None,
+                 ram_gb: float | None = None, queue: int | None = None,
+                 prefetch: int | None = None, profile: str | None = None,
+                 constraints: Constraints | None = None, runtime: RuntimeConfig | None = None,
+                 resume: bytes | None = None, close_source: bool | None = None,
+                 budget: ByteBudget | None = None, timeline: bool | float = False) -> None:
+        # issue 6 (mix): the settings, so _reopen() can rebuild this loader; budget= lets a mix
+        # hand every source one shared byte budget (a _shared_budget.BudgetShare).
+        self._init_kwargs = {k: v for k, v in locals().items() if k not in ("self", "source")}
+        self._engine: _Engine | None = None
+        self._closed = False
+        self._ckpt: tuple[str, Callable[[int, int], bytes]] | None = None
+        self._timeline: Recorder | None = None
+        if timeline is True:  # issue 10: True = the default period, a number = period_s
+            self.enable_timeline()
+        elif timeline is not False:
+            self.enable_timeline(period_s=float(timeline))
+        self.batch_size = _check_int("batch", batch, 1)
+        self.seed = _check_int("seed", seed, 0)
+        self._mode = as_mode(order)
+        first_epoch = _check_int("epoch", epoch, 0)
+        if epochs is not None:
+            epochs = _check_int("epochs", epochs, 0)
+        self.world_size = _check_int("world_size", world_size, 1)
+        self.rank = _check_int("rank", rank, 0)
+        if self.rank >= self.world_size:
+            raise ConfigError(f"rank must be < world_size, got rank={rank} world_size={world_size}")
+        if tail is None:
+            tail = "drop" if drop_last else ("partial" if self.world_size == 1 else "pad")
+        elif drop_last and tail != "drop":
+            raise ConfigError(f"drop_last=True conflicts with tail={tail!r}; pass only one")
+        if tail not in _TAILS:
+            raise ConfigError(f"unknown tail {tail!r}; use one of {', '.join(_TAILS)}")
+        self.tail = tail
+        self._cfg = resolve_config(profile=profile, inflight=inflight, ram_gb=ram_gb,
+                                   queue=queue, prefetch=prefetch, threads=threads,
+                                   constraints=constraints, runtime=runtime)
+        opened = not isinstance(source, Source)
+        self.source: Source = open_source(source) if opened else source
+        self._owns_source = opened if close_source is None else close_source
+        try:
+            self._setup(first_epoch, epochs, start, end, transform, transform_nbytes, resume)
+        except BaseException:
+            if self._owns_source:
+                self.source.close()
+            raise
+
+    def _setup(self, first_epoch: int, epochs: int | None, start: int | None, end: int | None,
+               transform: Transform | None, transform_nbytes: Callable[[int], int] | None,
+               resume: bytes | None) -> None:
+        total = len(self.source)
+        lo = 0 if start is None else _check_int("start", start, 0)
+        hi = total if end is None else _check_int("end", end, 0)
+        if lo > hi or hi > total:
+            raise ConfigError(f"invalid range [start={lo}, end={hi}) for a source of {total} "
+                              "records; use 0 <= start <= end <= N")
+        n = hi - lo
+        self.length = n
+        self._range = (lo, hi)
+        if epochs is None and n == 0:
+            raise ConfigError("an endless loader needs at least one record; the source is empty")
+        self._first_epoch = first_epoch
+        self._end_epoch = None if epochs is None else first_epoch + epochs
+        self._position = first_epoch * n
+        if resume is not None:
+            tok = _checkpoint.decode(resume)
+            _checkpoint.validate(tok, self._state(self._position), first_epoch=first_epoch,
+                                 last_epoch=self._end_epoch)
+            self._position = tok.position
+        self._plan = BatchPlan(length=n, batch=self.batch_size, rank=self.rank,
+                               world_size=self.world_size, tail=self.tail,
+                               start_position=self._position,
+                               end_position=None if self._end_epoch is None
+                               else self._end_epoch * n)
+        self._transform_nbytes = transform_nbytes
+        order = make_order(self._mode, n, seed=self.seed) if n else None
+        self._check_first_batch(order, transform_nbytes)
+        self.last_ids = np.empty(0, np.int64)
+        self._counters = LoaderCounters()
+        shared = self._init_kwargs.get("budget")  # issue 6 (mix): a shared budget, if given
+        self._budget = shared if shared is not None else ByteBudget(self._cfg.max_inflight_bytes)
+        self._exhausted = False
+        self._engine = _Engine(source=self.source, order=order, offset=lo,
+                               steps=self._plan.steps(), transform=transform,
+                               transform_nbytes=transform_nbytes, cfg=self._cfg,
+                               budget=self._budget, counters=self._counters)
+        self._ram_wait_s = _RAM_WAIT_S
+        self._finalizer = weakref.finalize(self, _finalize, self._engine, self.source,
+                                           self._owns_source)
+
+    def _check_first_batch(self, order: Order | None,
+                           transform_nbytes: Callable[[int], int] | None) -> None:
+        """A cap smaller than one batch is an error now, with the minimum, never a hang later.
+
+        Measures a full batch starting where this rank's first batch starts: exact for
+        fixed-shape records; with ragged records a later, larger batch is caught when it comes.
+        """
+        first = next(self._plan.steps(), None)
+        if order is None or first is None:
+            return
+        count = min(self.batch_size, self.length)
+        ids = order.range(first.start, count) + self._range[0]
+        need = int(self.source.nbytes(ids))
+        if transform_nbytes is not None:
+            need += int(transform_nbytes(count))
+        if need > self._cfg.max_inflight_bytes:
+            raise ConfigError(
+                f"max_inflight_bytes {self._cfg.max_inflight_bytes} "
+                f"({self._cfg.sources['max_inflight_bytes']}) is smaller than one batch of "
+                f"{count} records ({need} bytes); raise inflight to at least {need} bytes or "
+                "lower batch")
+
+    def _state(self, position: int) -> _checkpoint.LoaderState:
+        n = self.length
+        return _checkpoint.LoaderState(
+            position=position, epoch=position // n if n else self._first_epoch,
+            seed=self.seed, order=self._mode.name.lower(), batch=self.batch_size, length=n,
+            start=self._range[0], end=self._range[1], fingerprint=self.source.fingerprint,
+            rank=self.rank, world_size=self.world_size)
+
+    # -- iteration -------------------------------------------------------------------------------
+
+    def __iter__(self) -> Loader:
+        return self
+
+    def __next__(self) -> Any:
+        engine = self._engine
+        if engine is None or self._exhausted:
+            raise StopIteration
+        t0 = time.monotonic()
+        result = engine.take(self._ram_wait_s)
+        waited = time.monotonic() - t0
+        if result is None:
+            self._exhausted = True
+            engine.shutdown()
+            if self._timeline is not None:
+                self._timeline.record(self.stats())  # the end of the run
+            raise StopIteration
+        if result.error is not None:
+            self._exhausted = True
+            engine.shutdown()
+            wrapped = _wrap_error(result)
+            if wrapped is result.error:
+                raise wrapped
+            raise wrapped from result.error
+        self._position = result.after
+        self.last_ids = result.ids
+        self._counters.on_delivery(samples=len(result.ids), nbytes=payload_nbytes(result.batch),
+                                   waited_s=waited)
+        tl = self._timeline
+        if tl is not None and t0 + waited >= tl.next_at:  # one compare per batch otherwise
+            tl.record(self.stats())
+        return result.batch
+
+    def __len__(self) -> int:
+        """Batches this loader yields from where it started (a resumed loader: the rest)."""
+        return self._plan.count()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the next batch to deliver."""
+        return self._position // self.length if self.length else self._first_epoch
+
+    @property
+    def position(self) -> int:
+        """Global position of the first sample not yet delivered (what ``checkpoint()`` saves)."""
+        return self._position
+
+    @property
+    def config(self) -> ResolvedConfig:
+        """The resolved memory/queue knobs and where each came from."""
+        return self._cfg
+
+    def checkpoint(self) -> bytes:
+        """A token (<= 1 KB) for ``resume=``: continues right after the last delivered batch."""
+        fp = self.source.fingerprint
+        if self._ckpt is None or self._ckpt[0] != fp:  # serialize the constant part once
+            self._ckpt = (fp, _checkpoint.encoder(self._state(self._position)))
+        pos, n = self._position, self.length
+        return self._ckpt[1](pos, pos // n if n else self._first_epoch)
+
+    # -- stats -----------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and memory figures; every key is documented in ``docs/memory.md``."""
+        self._counters.sample()
+        s = self._counters.snapshot()
+        engine = self._engine
+        blocked = engine.ram_blocked_since if engine else None
+        if blocked is not None:  # include a wait still in progress
+            s["ram_wait_seconds"] += time.monotonic() - blocked
+        cfg = self._cfg
+        status = ("CLOSED" if self._closed else "DONE" if self._exhausted
+                  else "RUNNING" if s["delivered_batches_total"] else "WARMING")
+        s.update({
+            "status": status,
+            "mode": "local",
+            "epoch": self.epoch,
+            "position": self._position,
+            "inflight_bytes": self._budget.used_bytes,
+            "inflight_high_water_bytes": self._budget.high_water_bytes,
+            "max_inflight_bytes": cfg.max_inflight_bytes,
+            "max_process_rss_bytes": cfg.max_ram_bytes,
+            "budget_wait_seconds": self._budget.wait_seconds,
+            "gather_busy_seconds": sum(b[0] for b in engine.busy) if engine else 0.0,
+            "transform_busy_seconds": sum(b[1] for b in engine.busy) if engine else 0.0,
+            "queue_depth": engine.queue_depth() if engine else 0,
+            "batches_in_flight": engine.in_flight() if engine else 0,
+            "batch_size_samples": self.batch_size,
+            "max_queue_batches": cfg.max_queue_batches,
+            "prefetch_batches": cfg.prefetch_batches,
+            "effective_max_queue_batches": cfg.window_batches,
+            "effective_prefetch_batches": cfg.prefetch_batches,
+            "threads": cfg.threads,
+            "profile": cfg.profile,
+            "want": cfg.want,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "autotune_enabled": False,
+        })
+        return s
+
+    def enable_timeline(self, *, period_s: float = 0.5, capacity: int = 512) -> None:
+        """Record a snapshot of ``stats()`` every ``period_s`` seconds (see ``stats_timeline()``).
+
+        Sampling happens in ``next()`` once the period has passed (one clock compare per batch
+        otherwise); at most ``capacity`` snapshots are kept: when full, every other one is dropped
+        and the period doubles, so a long run stays covered end to end in bounded memory.
+        """
+        self._timeline = Recorder(period_s=period_s, capacity=capacity)
+
+    def stats_timeline(self) -> dict[str, Any]:
+        """The recorded snapshots as a JSON-serializable dict (``headrace.plot`` draws it).
+
+        Raises:
+            ConfigError: the timeline was never enabled (``timeline=True`` or ``enable_timeline``).
+        """
+        if self._timeline is None:
+            raise ConfigError("this loader records no timeline; pass Loader(..., timeline=True) "
+                              "or call loader.enable_timeline() before iterating")
+        return self._timeline.export(self.stats(), kind="loader")
+
+    def print_stats(self) -> None:
+        """One line on stderr: batches, samples, inflight, RSS, high water, rate, consumer wait."""
+        print_line(self.stats())
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop and join the threads, release the source if the loader opened it (idempotent)."""
+        self._closed = True
+        self._exhausted = True
+        fin = getattr(self, "_finalizer", None)
+        if fin is not None:
+            fin()
+        elif self._engine is None and getattr(self, "_owns_source", False):
+            self.source.close()
+
+    def _reopen(self, **overrides: Any) -> Loader:
+        """A new loader with this one's settings plus ``overrides``; takes over the source.
+
+        Added for ``headrace.mix`` (issue 6): it moves a source onto a shared budget
+        (``budget=``), to a checkpoint (``resume=``) or into its next epoch (``epoch=``). This
+        loader's threads stop; the source stays open and the new loader owns it as this one did.
+        """
+        kwargs = {**self._init_kwargs, **overrides, "close_source": self._owns_source}
+        fin = getattr(self, "_finalizer", None)
+        if fin is not None:
+            fin.detach()  # stop the threads without closing the source the new loader reads
+        if self._engine is not None:
+            self._engine.shutdown()
+        self._closed = self._exhausted = True
+        owned, self._owns_source = self._owns_source, False
+        try:
+            return Loader(self.source, **kwargs)
+        except BaseException:
+            if owned:
+                self.source.close()
+            raise
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Loader({self.source!r}, batch={self.batch_size}, "
+                f"order={self._mode.name.lower()!r}, seed={self.seed}, position={self._position})")
+
+
+def _finalize(engine: _Engine, source: Source, owned: bool) -> None:
+    engine.shutdown()
+    if owned:
+        source.close()
+
+
+def _wrap_error(result: _Result) -> HeadraceError:
+    err = result.error
+    assert err is not None
+    if isinstance(err, ConfigError):  # a batch over the cap: the message already says the fix
+        return err
+    ids = result.ids.tolist()
+    shown = ids[:16] + (["..."] if len(ids) > 16 else [])
+    wrapped = LoaderError(f"{type(err).__name__} in the loader's {result.where} for batch "
+                          f"{result.k}: {err}", record_ids=ids)
+    wrapped.add_note(f"record ids of the failed batch: {shown}")
+    err.add_note(f"headrace: raised in the loader's {result.where} for record ids {shown}")
+    return wrapped

@@ -1,0 +1,1 @@
+"""Modalities: image, text, audio and video decoding and the loaders that configure the engine for them."""

@@ -1,0 +1,610 @@
+"""``headrace.image``: (images, labels) batches decoded and augmented in the loader's threads.
+
+Built on :class:`headrace.Loader`: the source hands out encoded bytes (zero-copy ``mmap`` views for
+stores and mx8 packs), and a transform running in the worker threads reads each image's header,
+plans its augmentation (``_image_augment``, a pure function of ``(seed, epoch, record id)``),
+decodes the planned crop at the smallest DCT scale that covers it (``_image_decode``) and writes
+the result straight into the batch array, which is allocated once per batch and counted in the
+loader's byte budget (``transform_nbytes = batch x H x W x 3 x itemsize``).
+
+Epochs run one :class:`~headrace.Loader` each, so every batch knows its epoch (the augmentation
+key) and the checkpoint of the last delivered batch resumes into the right epoch.
+
+``on_decode_error="skip"`` drops the undecodable image only: that batch comes back shorter by the
+number of bad images (a batch where every image failed is not delivered at all). The checkpoint
+still counts the bad records as consumed, so a resumed run skips them the same way: exact resume.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from headrace._base.errors import ConfigError, DecodeError, LoaderError
+from headrace._engine import checkpoint as _checkpoint
+from headrace._engine.lifecycle import INNER_LOADER_KEYWORDS, BorrowedRecords, LoaderWrapper
+from headrace._engine.loader import BatchPlan, Loader
+from headrace._engine.timeline import timeline_period
+from headrace._modal.image_augment import ImageSpec, finish, plan_batch
+from headrace._modal.image_decode import decode, image_size
+from headrace._sources.images import ImageRecords, open_image_records
+
+__all__ = ["ImageLoader", "image"]
+
+_ERROR_POLICIES = ("error", "skip")
+
+
+class _RecordsSource(BorrowedRecords):
+    """``ImageRecords`` as a loader source that gathers payload views, not copies."""
+
+    records: ImageRecords
+
+    def gather(self, ids: np.ndarray) -> dict[str, Any]:
+        return {"payloads": self.records.payloads(ids), "label": self.records.labels(ids)}
+
+
+class _Job:
+    """What the decoding transform needs, and its counters. The worker threads hold this, never
+    the ``ImageLoader``, so a loader dropped without ``close()`` is collected and its threads
+    stopped by the inner loader's finalizer."""
+
+    def __init__(self, *, spec: ImageSpec, seed: int, records: ImageRecords,
+                 on_decode_error: str, native_hw: tuple[int, int] | None,
+                 item_shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+        self.spec = spec
+        self.seed = seed
+        self.records = records
+        self.on_decode_error = on_decode_error
+        self.native_hw = native_hw
+        self.item_shape = item_shape
+        self.dtype = dtype
+        self.lock = threading.Lock()
+        self.decoded = 0
+        self.failed = 0
+
+    def _count(self, *, decoded: int, failed: int) -> None:
+        with self.lock:
+            self.decoded += decoded
+            self.failed += failed
+
+
+class _Decoder:
+    """The transform: payload views -> one (images, labels) batch. Thread-safe."""
+
+    def __init__(self, job: _Job, epoch: int) -> None:
+        self.ld = job
+        self.epoch = epoch
+
+    def __call__(self, batch: dict[str, Any], ids: np.ndarray) -> dict[str, Any]:
+        ld = self.ld
+        spec = ld.spec
+        payloads = batch["payloads"]
+        n = len(ids)
+        sizes: list[tuple[int, int]] = []
+        bad: dict[int, DecodeError] = {}
+        for j, buf in enumerate(payloads):
+            try:
+                sizes.append(image_size(buf))
+            except DecodeError as e:
+                bad[j] = e
+                sizes.append((1, 1))
+        plans = plan_batch(spec, ld.seed, self.epoch, ids, sizes)
+        out = np.empty((n, *ld.item_shape), ld.dtype)
+        direct = spec.layout == "NHWC" and not spec.float_out
+        keep = np.empty(n, np.int64)
+        k = 0
+        for j, (buf, plan) in enumerate(zip(payloads, plans, strict=True)):
+            try:
+                if j in bad:
+                    raise bad[j]
+                if ld.native_hw is not None and sizes[j] != ld.native_hw:
+                    raise ConfigError(
+                        f"record {int(ids[j])} ({ld.records.path(int(ids[j]))}) is "
+                        f"{sizes[j][0]}x{sizes[j][1]} but the batch shape is "
+                        f"{ld.native_hw[0]}x{ld.native_hw[1]}; pass resize=(H, W) (or a crop) so "
+                        "every image comes out the same size")
+                simple = direct and plan.post is None and not plan.flip and plan.jitter is None
+                img = decode(buf, box=plan.box, size=plan.size, out=out[k] if simple else None,
+                             interpolation=spec.interpolation, dct_scale=spec.dct_scale,
+                             fast=spec.fast)
+                if not simple:
+                    finish(spec, img, plan, out[k])
+            except DecodeError as e:
+                rid = int(ids[j])
+                path = ld.records.path(rid)
+                if ld.on_decode_error == "error":
+                    raise DecodeError(f"record {rid} ({path}): {e}", record_id=rid,
+                                      path=path) from e
+                continue
+            keep[k] = j
+            k += 1
+        ld._count(decoded=k, failed=n - k)
+        labels = np.asarray(batch["label"], np.int64)
+        if k == n:
+            return {"images": out, "labels": labels, "ids": ids}
+        sel = keep[:k]
+        return {"images": out[:k], "labels": labels[sel], "ids": ids[sel]}
+
+
+class ImageLoader(LoaderWrapper):
+    """Iterates ``(images, labels)`` batches; built by :func:`image` (see it for the arguments)
+    or with mx8's long-name constructor (``ImageLoader(dataset_link, batch_size_samples=...)``).
+
+    ``images`` is ``(B, 3, H, W)`` (``layout="NCHW"``) or ``(B, H, W, 3)``, ``float32`` (``/255``,
+    then ``mean``/``std``) or ``uint8`` (``float_out=False``); ``labels`` is ``int64[B]`` (``-1``
+    for unlabeled records). NumPy arrays, or torch tensors with ``to_torch=True``.
+    """
+
+    _timeline_kind = "image"
+    _stats_summary = "images decoded {images_decoded_total}, decode errors {decode_errors_total}"
+
+    def __init__(self, dataset_link: Any, *, manifest_store: str | None = None,
+                 manifest_path: str | None = None, recursive: bool = True,
+                 batch_size_samples: int = 32, max_inflight_bytes: int | None = None,
+                 max_queue_batches: int | None = None, prefetch_batches: int | None = None,
+                 target_batch_bytes: int | None = None, max_batch_bytes: int | None = None,
+                 max_ram_bytes: int | None = None, start_id: int | None = None,
+                 end_id: int | None = None, resume_from: bytes | None = None,
+                 node_id: str | None = None, profile: str | None = None,
+                 autotune: bool | None = None, resize_hw: tuple[int, int] | None = None,
+                 crop_hw: tuple[int, int] | None = None, horizontal_flip_p: float = 0.0,
+                 color_jitter_brightness: float = 0.0, color_jitter_contrast: float = 0.0,
+                 color_jitter_saturation: float = 0.0, color_jitter_hue: float = 0.0,
+                 normalize_mean: tuple[float, float, float] | None = None,
+                 normalize_std: tuple[float, float, float] | None = None, seed: int = 0,
+                 epoch: int = 0, to_float: bool = True, **kwargs: Any) -> None:
+        """mx8's long-name constructor (``mx8.ImageLoader``), mapped onto :func:`image`.
+
+        Every mx8 name maps to an :func:`image` keyword (``batch_size_samples`` -> ``batch``,
+        ``max_inflight_bytes`` -> ``inflight``, ``resize_hw`` -> ``resize``, ``start_id``/``end_id``
+        -> ``start``/``end``, ``resume_from`` -> ``resume``, ``manifest_store`` -> ``store``,
+        ``max_ram_bytes`` -> ``constraints.max_ram_bytes``, ...); any other :func:`image` keyword
+        (``shuffle``, ``layout``, ``to_torch``, ``on_decode_error``, ...) may be passed too.
+        ``node_id`` and ``autotune`` are accepted and ignored (no coordinator; the profile sizes
+        the threads). ``manifest_path`` (mx8's hand-written dev manifest) and the byte-aware
+        batch knobs ``target_batch_bytes``/``max_batch_bytes`` are refused: image batches hold a
+        fixed number of images of one shape, and the memory cap is ``max_inflight_bytes``.
+        """
+        if manifest_path is not None:
+            raise ConfigError("manifest_path= (an mx8 dev manifest) is not supported; point "
+                              "ImageLoader at the data (a store, folder, mx8 pack or s3:// link)")
+        if target_batch_bytes is not None or max_batch_bytes is not None:
+            raise ConfigError("target_batch_bytes/max_batch_bytes do not apply to images: a batch "
+                              "holds batch_size_samples images of one output shape; cap memory "
+                              "with max_inflight_bytes")
+        del node_id, autotune  # no coordinator; threads come from the profile
+        constraints = kwargs.pop("constraints", None)
+        if max_ram_bytes is not None:
+            from headrace._engine.config import Constraints
+
+            if constraints is not None:
+                raise ConfigError("pass max_ram_bytes= or constraints=, not both")
+            constraints = Constraints(max_ram_bytes=max_ram_bytes)
+        mapped = {
+            "store": manifest_store, "recursive": recursive, "batch": batch_size_samples,
+            "inflight": max_inflight_bytes, "queue": max_queue_batches,
+            "prefetch": prefetch_batches, "start": start_id, "end": end_id,
+            "resume": resume_from, "profile": profile, "resize": resize_hw, "crop": crop_hw,
+            "flip_p": horizontal_flip_p, "jitter_brightness": color_jitter_brightness,
+            "jitter_contrast": color_jitter_contrast,
+            "jitter_saturation": color_jitter_saturation, "jitter_hue": color_jitter_hue,
+            "mean": normalize_mean, "std": normalize_std, "seed": seed, "epoch": epoch,
+            "float_out": to_float, "constraints": constraints,
+        }
+        both = sorted(set(kwargs) & set(mapped))
+        if both:
+            raise ConfigError(f"{both} are image() names of ImageLoader arguments already given "
+                              "by their mx8 names; pass each setting once")
+        self._construct(dataset_link, _image_options({**mapped, **kwargs}))
+
+    @classmethod
+    def _create(cls, data: Any, opts: dict[str, Any]) -> ImageLoader:
+        self = cls.__new__(cls)
+        self._construct(data, opts)
+        return self
+
+    def _construct(self, data: Any, opts: dict[str, Any],
+                   records: ImageRecords | None = None) -> None:
+        """Builds the loader from :func:`image`'s options (``records``: reuse already open ones)."""
+        self._closed = True  # until the records are open: close()/__del__ have nothing to do
+        self._inner: Loader | None = None
+        o = dict(opts)
+        if o["on_decode_error"] not in _ERROR_POLICIES:
+            raise ConfigError(f"on_decode_error={o['on_decode_error']!r} must be 'error' or "
+                              "'skip'")
+        timeline_s = timeline_period(o["timeline"])
+        start, end = _check_range(o["start"], o["end"])
+        spec = ImageSpec.from_kwargs(
+            augment=o["augment"], resize=o["resize"], crop=o["crop"],
+            center_crop=o["center_crop"], random_resized_crop=o["random_resized_crop"],
+            scale=o["scale"], ratio=o["ratio"], flip_p=o["flip_p"],
+            jitter_brightness=o["jitter_brightness"], jitter_contrast=o["jitter_contrast"],
+            jitter_saturation=o["jitter_saturation"], jitter_hue=o["jitter_hue"],
+            mean=o["mean"], std=o["std"], float_out=o["float_out"], layout=o["layout"],
+            interpolation=o["interpolation"], dct_scale=o["dct_scale"], fast=o["fast_decode"])
+        order = o["order"] or ("shuffle" if o["shuffle"] else "sequential")
+        if o["shuffle"] and str(order).lower() != "shuffle":
+            raise ConfigError(f"shuffle=True conflicts with order={order!r}; pass only one")
+        loader_kw = {k: o[k] for k in INNER_LOADER_KEYWORDS}
+        budget = o.get("budget")
+        if budget is not None:  # a mix's share: outlives each epoch's Loader (see _EpochBudget)
+            loader_kw["budget"] = _EpochBudget(budget)
+        self._budget = budget
+        self._data = data
+        self._opts = {k: v for k, v in o.items() if k not in ("resume", "budget")}
+        if records is None:
+            records = open_image_records(data, label_mode=o["label_mode"], **o["link_options"])
+        self.records = records
+        self._closed = False
+        try:
+            if end is not None and end > len(records):
+                raise ConfigError(f"end out of range: end={end} > N={len(records)}")
+            self._init(spec, o["batch"], order, o["seed"], o["epoch"], o["epochs"],
+                       o["drop_last"], o["on_decode_error"], o["to_torch"],
+                       dict(loader_kw, start=start, end=end), o["resume"])
+        except BaseException:
+            self._closed = True
+            self.records.close()
+            raise
+        self._start_timeline(timeline_s)  # one recorder for every epoch's Loader
+
+    def _init(self, spec: ImageSpec, batch: int, order: str, seed: int, epoch: int,
+              epochs: int | None, drop_last: bool, on_decode_error: str, to_torch: bool,
+              loader_kw: dict[str, Any], resume: bytes | None) -> None:
+        self.spec = spec
+        self.on_decode_error = on_decode_error
+        self.to_torch = bool(to_torch)
+        self.seed = seed
+        self.batch_size = batch
+        n = len(self.records)
+        self.native_hw: tuple[int, int] | None = None
+        hw = spec.out_hw
+        first = int(loader_kw.get("start") or 0)
+        if hw is None:
+            if first >= (n if loader_kw.get("end") is None else int(loader_kw["end"])):
+                hw = (1, 1)
+            else:
+                hw = image_size(self.records.payloads(np.full(1, first, np.int64))[0])
+                self.native_hw = hw
+        self.out_hw = hw
+        self.dtype = np.dtype(np.float32 if spec.float_out else np.uint8)
+        self.item_shape = (3, *hw) if spec.layout == "NCHW" else (*hw, 3)
+        per_item = int(np.prod(self.item_shape)) * self.dtype.itemsize + 16
+        self._transform_nbytes = lambda k: k * per_item
+        self._per_item = per_item
+        self._source = _RecordsSource(self.records)
+        self._kw = dict(loader_kw, batch=batch, order=order, seed=seed, drop_last=drop_last,
+                        close_source=False, transform_nbytes=self._transform_nbytes)
+        self._job = _Job(spec=spec, seed=seed, records=self.records,
+                         on_decode_error=on_decode_error, native_hw=self.native_hw,
+                         item_shape=self.item_shape, dtype=self.dtype)
+        self._done_totals: dict[str, float] = {}
+        self.last_ids = np.empty(0, np.int64)
+        self._first_epoch = epoch
+        self._end_epoch = None if epochs is None else epoch + epochs
+        start_epoch, token = epoch, None
+        if resume is not None:  # run the epoch the token is in, resumed at its position
+            tok = _checkpoint.decode(resume)
+            token = resume  # the epoch's loader validates data, seed, order and batch
+            lo, hi = loader_kw.get("start"), loader_kw.get("end")
+            span = n if lo is None or hi is None else hi - lo  # the Loader's N: [start, end)
+            if span and tok.length == span:
+                start_epoch = tok.position // span
+            if start_epoch < epoch or (self._end_epoch is not None
+                                       and start_epoch > self._end_epoch):
+                raise _checkpoint_error(tok, epoch, self._end_epoch)
+        self._epoch = start_epoch
+        self._last: Loader = self._open_epoch(start_epoch, token)
+
+    def _open_epoch(self, e: int, token: bytes | None) -> Loader:
+        ld = Loader(self._source, epoch=e, epochs=1, transform=_Decoder(self._job, e), resume=token,
+                    **self._kw)
+        self._inner = ld if self._end_epoch is None or e < self._end_epoch else None
+        if self._inner is None:
+            ld.close()
+        return ld
+
+    # -- iteration -----------------------------------------------------------------------------
+
+    def __next__(self) -> tuple[Any, Any]:
+        while True:
+            inner = self._inner
+            if inner is None:
+                raise StopIteration
+            try:
+                b = next(inner)
+            except StopIteration:
+                self._retire(inner)
+                self._epoch += 1
+                if self._closed or (self._end_epoch is not None and self._epoch >= self._end_epoch):
+                    self._inner = None
+                    self._end_timeline()
+                    raise StopIteration from None
+                self._last = self._open_epoch(self._epoch, None)
+                continue
+            except LoaderError as e:
+                cause = e.__cause__
+                if isinstance(cause, DecodeError | ConfigError):
+                    raise cause.with_traceback(None) from e
+                raise
+            if len(b["ids"]) == 0:
+                continue  # every image of the batch failed to decode (skip policy)
+            self.last_ids = b["ids"]
+            self._tick_timeline()
+            images, labels = b["images"], b["labels"]
+            if self.to_torch:
+                import torch
+
+                return torch.from_numpy(images), torch.from_numpy(labels)
+            return images, labels
+
+    def _retire(self, inner: Loader) -> None:
+        s = inner.stats()
+        for key, v in s.items():
+            if key.endswith("_total") and isinstance(v, int | float):
+                self._done_totals[key] = self._done_totals.get(key, 0) + v
+        inner.close()
+
+    def __len__(self) -> int:
+        """Batches left to yield (counting the current epoch from where it is)."""
+        if self._end_epoch is None:
+            raise TypeError("an endless image loader (epochs=None) has no length")
+        if self._inner is None:
+            return 0
+        ld = self._inner
+        per_epoch = BatchPlan(length=ld.length, batch=ld.batch_size, rank=ld.rank,
+                              world_size=ld.world_size, tail=ld.tail, start_position=0,
+                              end_position=ld.length).count()
+        return len(ld) + per_epoch * (self._end_epoch - self._epoch - 1)
+
+    # -- state -----------------------------------------------------------------------------------
+
+    @property
+    def classes(self) -> list[str] | None:
+        """Class names by label id (from ``_labels.tsv``/``labels.tsv``/folders), or ``None``."""
+        return self.records.classes
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def checkpoint(self) -> bytes:
+        """A token for ``resume=``: continues after the last delivered batch, same augmentations."""
+        return self._current_loader().checkpoint()
+
+    def stats(self) -> dict[str, Any]:
+        """The loader's stats plus ``images_decoded_total`` and ``decode_errors_total`` (images
+        dropped by ``on_decode_error="skip"``)."""
+        if self._inner is not None:
+            s = self._inner.stats()
+            for key, v in self._done_totals.items():
+                s[key] = s.get(key, 0) + v
+        else:  # exhausted or closed: the retired epochs' totals are the whole story
+            s = self._last.stats()
+            s.update(self._done_totals)
+        with self._job.lock:
+            s["images_decoded_total"] = self._job.decoded
+            s["decode_errors_total"] = self._job.failed
+        s["images_skipped_total"] = s["decode_errors_total"]
+        s["epoch"] = self._epoch
+        return s
+
+    def _current_loader(self) -> Loader:
+        """The running epoch's loader, or the last one once the run is over or closed."""
+        return self._inner or self._last
+
+    def _release_data(self) -> None:
+        self.records.close()
+
+    def _stop(self) -> None:
+        """Stops the threads; the records stay open (``_reopen`` hands them on)."""
+        self._closed = True
+        if self._budget is not None:
+            self._budget.close()  # wake workers waiting on the mix's share (_EpochBudget won't)
+        for ld in (self._inner, getattr(self, "_last", None)):
+            if ld is not None:
+                ld.close()
+        self._inner = None
+
+    def _reopen(self, **overrides: Any) -> ImageLoader:
+        """A new loader with this one's settings plus ``overrides``; takes over the records.
+
+        For ``headrace.mix``: ``budget=`` (a share of the mix's byte cap), ``resume=`` (a
+        checkpoint of this loader) and ``epoch=`` (restart at that epoch). This loader's threads
+        stop; its open records (mapped store, S3 client, folder scan) move to the new one.
+        """
+        opts = {**self._opts, **overrides}
+        if "resume" not in overrides:
+            opts["resume"] = None
+        records = self.records
+        self._stop()
+        new = ImageLoader.__new__(ImageLoader)
+        new._construct(self._data, {**opts, "timeline": False}, records=records)
+        new._timeline, new._timeline_end = self._timeline, self._timeline_end  # spans rebuilds
+        return new
+
+    @property
+    def source(self) -> _Footprint:
+        """The records as a sized source; ``nbytes(ids)`` counts the payloads *and* the decoded
+        images of those records (what one batch holds in the loader: ``headrace.mix`` reserves
+        that much per source)."""
+        return _Footprint(self.records, self._per_item)
+
+    @property
+    def config(self) -> Any:
+        """The resolved memory settings (``max_inflight_bytes``, ...) of the running epoch."""
+        return self._current_loader().config
+
+    def __repr__(self) -> str:
+        return (f"ImageLoader({self.records!r}, batch={self.batch_size}, out={self.item_shape}, "
+                f"dtype={self.dtype}, epoch={self._epoch})")
+
+
+class _Footprint(BorrowedRecords):
+    """``len`` and ``nbytes`` of an image loader's batches (payloads + decoded output)."""
+
+    def __init__(self, records: ImageRecords, per_item: int) -> None:
+        super().__init__(records)
+        self._per_item = per_item
+
+    def nbytes(self, ids: np.ndarray) -> int:
+        return int(super().nbytes(ids)) + self._per_item * len(ids)
+
+
+class _EpochBudget:
+    """A mix's budget share as seen by one epoch's :class:`Loader`: everything but ``close``.
+
+    An image loader runs one ``Loader`` per epoch on the same share; a finished epoch closing it
+    would starve the next. The ``ImageLoader`` closes the share itself when it stops.
+    """
+
+    def __init__(self, budget: Any) -> None:
+        self._budget = budget
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._budget, name)
+
+    def close(self) -> None:
+        pass
+
+
+def _check_range(start: Any, end: Any) -> tuple[int | None, int | None]:
+    """mx8's ``start``/``end`` (``start_id``/``end_id``) rules, with ``headrace.load``'s wording."""
+    if start is None and end is None:
+        return None, None
+    if start is None or end is None:
+        raise ConfigError("start and end must be set together")
+    for name, v in (("start", start), ("end", end)):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer):
+            raise ConfigError(f"{name} must be an int record id, got {v!r}")
+        if v < 0:
+            raise ConfigError(f"{name} must be >= 0, got {v}")
+    if start > end:
+        raise ConfigError(f"invalid range (start > end): start={start} end={end}")
+    return int(start), int(end)
+
+
+def _checkpoint_error(tok: Any, first: int, end: int | None) -> Exception:
+    from headrace._base.errors import CheckpointError
+
+    span = f"[{first}, {end})" if end is not None else f">= {first}"
+    return CheckpointError(f"resume epoch mismatch: token epoch={tok.epoch} is outside this "
+                           f"loader's epochs {span}; pass epoch={tok.epoch}")
+
+
+def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | None = None,
+          seed: int = 0, epoch: int = 0, epochs: int | None = 1, drop_last: bool = False,
+          augment: str | None = None, resize: tuple[int, int] | None = None,
+          crop: tuple[int, int] | None = None, center_crop: tuple[int, int] | None = None,
+          random_resized_crop: tuple[int, int] | None = None,
+          scale: tuple[float, float] = (0.08, 1.0),
+          ratio: tuple[float, float] = (3 / 4, 4 / 3), flip_p: float | None = None,
+          jitter_brightness: float | None = None, jitter_contrast: float | None = None,
+          jitter_saturation: float | None = None, jitter_hue: float | None = None,
+          mean: tuple[float, float, float] | None = None,
+          std: tuple[float, float, float] | None = None, float_out: bool = True,
+          layout: str = "NCHW", interpolation: str = "auto", dct_scale: bool = True,
+          fast_decode: bool = False, on_decode_error: str = "error", to_torch: bool = False,
+          label_mode: str | None = "auto", threads: int | None = None,
+          inflight: int | None = None, ram_gb: float | None = None, queue: int | None = None,
+          prefetch: int | None = None, profile: str | None = None, constraints: Any = None,
+          runtime: Any = None, rank: int = 0, world_size: int = 1,
+          resume: bytes | None = None, start: int | None = None, end: int | None = None,
+          store: str | None = None, recursive: bool = True, autopack: bool = False,
+          shard_mb: float = 512, tune: bool | None = None, timeline: bool | float = False,
+          **options: Any) -> ImageLoader:
+    """Decoded, augmented image batches from a store, an mx8 pack or a raw image folder.
+
+    Example (mx8's README, unchanged)::
+
+        loader = headrace.image("/data/packed@refresh", batch=64, inflight=256 << 20,
+                                resize=(224, 224))
+        print(loader.classes)
+        for images, labels in loader: ...
+
+    Args:
+        data: a store made by :func:`headrace.pack_dir` or :func:`headrace.pack` (path or
+            ``Store``; ``@refresh`` is accepted: a local store is always read at its latest
+            commit), an mx8 1.0.7 pack directory, a local image folder (labels by first-level
+            folder, see ``label_mode``), or a dataset link: ``s3://bucket/prefix/`` holding a
+            store (byte-range reads) or image files (ImageFolder layout), ``file://``, and
+            ``@refresh`` / ``@sha256:<hash>`` pins (``docs/s3.md``).
+        batch: images per batch.
+        shuffle: shuffle each epoch (``order="shuffle"``); ``order`` may name any loader order.
+        seed: order and augmentation seed. Augmentations are a pure function of
+            ``(seed, epoch, record id)``: independent of threads, batch size and resume.
+        epoch, epochs: the first epoch and how many to read (``None`` = endless).
+        augment: presets ``"imagenet"`` (RandomResizedCrop 224 + flip + ImageNet mean/std; with
+            ``resize`` it is mx8's random 224 crop of the resized image), ``"standard"`` (mx8's),
+            ``"eval"`` (shorter side 256, centre crop 224, mean/std). Explicit kwargs win.
+        resize: ``(H, W)``, aspect ratio not kept. ``crop``: random ``(h, w)`` window (of the
+            resized image when ``resize`` is given, else of the source). ``center_crop``: the
+            same, centred.
+        random_resized_crop, scale, ratio: torchvision's RandomResizedCrop to ``(H, W)``.
+        flip_p: horizontal flip probability.
+        jitter_brightness, jitter_contrast, jitter_saturation, jitter_hue: ColorJitter amounts
+            (hue in [0, 0.5]).
+        mean, std: per-channel normalisation on the 0..1 scale (needs ``float_out=True``).
+        float_out: ``float32`` in [0, 1] (then normalised) or ``uint8``.
+        layout: ``"NCHW"`` (mx8's) or ``"NHWC"``.
+        interpolation: ``"auto"`` (area when shrinking >= 2x after DCT scaling, else bilinear),
+            ``"area"`` or ``"linear"``.
+        dct_scale: let libjpeg-turbo decode at 1/2, 1/4, 1/8 when that still covers the output.
+        fast_decode: libjpeg-turbo's fast IDCT and upsampling (slightly less accurate).
+        on_decode_error: ``"error"`` raises :class:`~headrace.DecodeError` naming the record id
+            and path; ``"skip"`` drops that image (the batch is shorter) and counts it in
+            ``stats()["decode_errors_total"]``.
+        to_torch: yield torch tensors (torch is imported only then).
+        label_mode: for raw folders, as in :func:`headrace.pack_dir`.
+        threads, inflight, ram_gb, queue, prefetch, profile, constraints, runtime, rank,
+            world_size, resume: as in :class:`headrace.Loader`.
+        start, end: read only records ``[start, end)`` (set together; mx8's ``start``/``end``).
+            Augmentations stay keyed by the record id, so a sub-range decodes its records
+            exactly as the full range does.
+        store, recursive: links only: the manifest store root, and whether a raw prefix is
+            listed recursively.
+        autopack, shard_mb, tune: mx8's; accepted and ignored (raw folders and prefixes are
+            decoded without packing; the profile sizes the threads).
+        timeline: record a stats timeline over all epochs (``True``: a snapshot every 0.5 s; a
+            number: the period in seconds) for ``stats_timeline()`` and ``headrace.plot``.
+        **options: links only: S3 settings (``endpoint``, ``region``, ``profile``, ...,
+            ``s3=S3Options(...)``), ``cache_dir``/``cache_bytes``, ``max_inflight``, ``verify``.
+    """
+    given = {k: v for k, v in locals().items() if k not in ("data", "options")}
+    return ImageLoader._create(data, _image_options({**given, **options}))
+
+
+_LINK_OPTIONS = frozenset({"cache_dir", "cache_bytes", "max_inflight", "verify", "s3"})
+_IGNORED = ("autopack", "shard_mb", "tune")  # mx8 knobs without a meaning here (docs/images.md)
+
+
+def _image_options(given: dict[str, Any]) -> dict[str, Any]:
+    """:func:`image`'s keywords with defaults filled in; S3/link settings under ``link_options``."""
+    import dataclasses
+    import inspect
+
+    from headrace._remote.objstore import S3Options
+
+    params = {name: p.default for name, p in inspect.signature(image).parameters.items()
+              if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    link_names = _LINK_OPTIONS | {f.name for f in dataclasses.fields(S3Options)}
+    opts = dict(params)
+    link: dict[str, Any] = {}
+    for key, value in given.items():
+        if key in params:
+            opts[key] = value
+        elif key in link_names:
+            link[key] = value
+        else:
+            raise ConfigError(f"unknown image() argument {key!r}; see help(headrace.image) (S3 "
+                              f"settings: {', '.join(sorted(link_names))})")
+    for key in _IGNORED:
+        del opts[key]
+    if opts["store"] is not None:
+        link["store"] = opts["store"]
+    link["recursive"] = opts.pop("recursive")
+    del opts["store"]
+    opts["link_options"] = link
+    return opts

@@ -1,0 +1,1 @@
+"""Several streams: mix of loaders, rank sharding under a launcher, run()."""

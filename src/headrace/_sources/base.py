@@ -1,0 +1,297 @@
+"""Sources: what a loader reads (records ``0..N-1``), and ``open_source`` that turns user input into one.
+
+``open_source(data)`` walks a small registry of ``(name, can_open, opener)`` entries, newest first,
+so a module that registers later (images, S3, links) can claim inputs before the built-ins do. The
+built-ins: an object that already is a ``Source``; a ``Store`` or a store directory (one holding
+``meta.json``); a NumPy array, or a dict of arrays / loaderx-style datasets (anything with
+``__len__`` and ``__getitems__``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from headrace._base.errors import ConfigError
+from headrace._store.fingerprint import store_fingerprint
+
+__all__ = ["ArraySource", "Source", "StoreSource", "open_source", "register_source"]
+
+
+@runtime_checkable
+class Source(Protocol):
+    """Records ``0..N-1`` a loader can gather from. ``gather`` must be thread-safe."""
+
+    def __len__(self) -> int: ...
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the data version; a checkpoint taken on another fingerprint is refused."""
+        ...
+
+    def nbytes(self, ids: np.ndarray) -> int:
+        """Bytes ``gather(ids)`` will allocate (exact, or an upper bound)."""
+        ...
+
+    def gather(self, ids: np.ndarray) -> dict[str, Any]:
+        """``{field: ndarray | Ragged}`` for the records ``ids``, in that order.
+
+        ``ids`` is a read-only int64 array that may share memory with the sampler's memoized
+        block (no copy per batch): copy it (``np.array(ids)``) to keep it or to return it in the
+        batch.
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+CanOpen = Callable[[Any], bool]
+Opener = Callable[..., Source]
+_REGISTRY: list[tuple[str, CanOpen, Opener]] = []
+_LOCK = threading.Lock()
+# Modules that register sources when imported. open_source imports them on a miss, so a user
+# never has to import e.g. the S3 module before passing "s3://..." to load().
+PLUGIN_MODULES: list[str] = ["headrace._sources.links", "headrace._sources.images"]
+
+
+def register_source(name: str, can_open: CanOpen, opener: Opener) -> None:
+    """Register (or replace, by ``name``) a source kind; newer registrations are tried first.
+
+    Args:
+        name: a short unique name (``"store"``, ``"s3"``, ``"image-folder"``).
+        can_open: ``fn(data) -> bool``, cheap; must not raise.
+        opener: ``fn(data, **options) -> Source``.
+    """
+    with _LOCK:
+        _REGISTRY[:] = [e for e in _REGISTRY if e[0] != name]
+        _REGISTRY.append((name, can_open, opener))
+
+
+def _match(data: Any) -> Opener | None:
+    with _LOCK:
+        entries = list(reversed(_REGISTRY))
+    for _name, can_open, opener in entries:
+        if can_open(data):
+            return opener
+    return None
+
+
+def open_source(data: Any, **options: Any) -> Source:
+    """Turn ``data`` (a Source, Store, store path, array(s), or a registered kind) into a Source.
+
+    Raises:
+        ConfigError: nothing registered can open ``data``.
+    """
+    # Paths and URLs: every plugin first, so which kind claims a folder never depends on what
+    # the program imported before (a folder of images is "image-folder" even when the link
+    # module registered first; see docs/images.md).
+    opener = None if isinstance(data, str | os.PathLike) else _match(data)
+    if opener is None:
+        for module in PLUGIN_MODULES:
+            try:
+                importlib.import_module(module)
+            except ModuleNotFoundError as e:
+                if e.name != module:
+                    raise
+        opener = _match(data)
+    if opener is None:
+        if isinstance(data, str | os.PathLike) and not os.path.exists(os.fspath(data)):
+            raise ConfigError(f"no such dataset {os.fspath(data)!r}: the path does not exist")
+        raise ConfigError(f"cannot read {data!r}: expected a headrace store (directory with "
+                          "meta.json) or Store, a NumPy array, a dict of arrays/datasets, or a "
+                          "Source")
+    return opener(data, **options)
+
+
+# -- the record store ------------------------------------------------------------------------------
+
+class StoreSource:
+    """A ``Store`` as a loader source.
+
+    Args:
+        store: an open ``Store``.
+        fields: the fields to read (default all).
+        owned: close the store when the source is closed (True when opened from a path).
+    """
+
+    def __init__(self, store: Any, *, fields: list[str] | str | None = None,
+                 owned: bool = False) -> None:
+        self.store = store
+        names = list(store.fields)
+        if fields is not None:
+            wanted = [fields] if isinstance(fields, str) else list(fields)
+            unknown = [f for f in wanted if f not in names]
+            if unknown:
+                raise ConfigError(f"unknown fields {unknown}; this store has {names}")
+            names = wanted
+        self.fields = tuple(names)  # a tuple: the store's steady-state plan is keyed by it
+        self._ragged = sum(1 for f in names if store.fields[f].shape is None)
+        self._owned = owned
+        self._fingerprint = store_fingerprint(store)
+        # Every field fixed-shape: a batch's bytes are n * row bytes (no per-batch index reads;
+        # gather still checks the ids).
+        self._row_bytes = (int(store.nbytes(np.zeros(1, np.int64), names))
+                           if not self._ragged and len(store) else None)
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def nbytes(self, ids: np.ndarray) -> int:
+        if self._row_bytes is not None:
+            return len(ids) * self._row_bytes
+        # Ragged fields also allocate their int64 offsets (n + 1 of them).
+        return int(self.store.nbytes(ids, self.fields)) + self._ragged * 8 * (len(ids) + 1)
+
+    def gather(self, ids: np.ndarray) -> dict[str, Any]:
+        return self.store.gather(ids, self.fields)  # a fresh dict per call already
+
+    def close(self) -> None:
+        if self._owned:
+            self.store.close()
+
+    def __repr__(self) -> str:
+        return f"StoreSource({self.store!r}, fields={self.fields})"
+
+
+def _is_store(data: Any) -> bool:
+    return type(data).__name__ == "Store" and type(data).__module__ == "headrace._store.reader"
+
+
+def _is_store_dir(data: Any) -> bool:
+    return (isinstance(data, str | os.PathLike)
+            and os.path.isfile(os.path.join(os.fspath(data), "meta.json")))
+
+
+def _open_store(data: Any, *, fields: list[str] | str | None = None,
+                verify: str = "first") -> Source:
+    if _is_store(data):
+        return StoreSource(data, fields=fields, owned=False)
+    from headrace._store.reader import open as open_store
+
+    return StoreSource(open_store(os.fspath(data), verify=verify),  # type: ignore[arg-type]
+                       fields=fields, owned=True)
+
+
+# -- in-memory arrays and loaderx-style datasets ----------------------------------------------------
+
+def _is_arraylike(x: Any) -> bool:
+    return isinstance(x, np.ndarray) or (hasattr(x, "__len__") and hasattr(x, "__getitems__"))
+
+
+class ArraySource:
+    """Named NumPy arrays or loaderx-style datasets (``__len__`` + ``__getitems__``) as a source.
+
+    ``nbytes`` is exact for arrays and for datasets exposing ``dtype`` and a fixed ``shape``; for
+    anything else (ragged datasets) it is estimated from record 0, so the byte cap is approximate
+    for those. In-memory data has no generation: the fingerprint covers names, shapes and dtypes.
+
+    Args:
+        columns: ``{name: array or dataset}``, all of the same length.
+    """
+
+    def __init__(self, columns: Mapping[str, Any]) -> None:
+        if not columns:
+            raise ConfigError("an ArraySource needs at least one named array")
+        lengths = {name: len(col) for name, col in columns.items()}
+        if len(set(lengths.values())) > 1:
+            raise ConfigError(f"all arrays must have the same length, got {lengths}")
+        self.columns = dict(columns)
+        self._length = next(iter(lengths.values()))
+        self._row_bytes = {name: self._row_nbytes(col) for name, col in self.columns.items()}
+        desc = [[name, str(getattr(c, "dtype", "?")), list(getattr(c, "shape", ())),
+                 type(c).__name__] for name, c in self.columns.items()]
+        digest = hashlib.sha256(json.dumps(desc).encode()).hexdigest()[:16]
+        self._fingerprint = f"arrays:{self._length}:{digest}"
+
+    def _row_nbytes(self, col: Any) -> int:
+        dtype = getattr(col, "dtype", None)
+        shape = getattr(col, "shape", None)
+        if dtype is not None and shape is not None and len(shape) >= 1 and (
+                isinstance(col, np.ndarray) or len(shape) > 1):
+            return int(np.dtype(dtype).itemsize * int(np.prod(shape[1:], dtype=np.int64)))
+        if self._length == 0:
+            return 0
+        # A 1-D dataset holds scalars (an ndarray comes back: exact) or ragged records (a Ragged
+        # comes back: record 0's size is only an estimate).
+        probe = self._take(col, np.zeros(1, np.int64))
+        return max(1, _payload_nbytes(probe))
+
+    def __len__(self) -> int:
+        return self._length
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def nbytes(self, ids: np.ndarray) -> int:
+        return len(ids) * sum(self._row_bytes.values())
+
+    @staticmethod
+    def _take(col: Any, ids: np.ndarray) -> Any:
+        if isinstance(col, np.ndarray):
+            return np.take(col, ids, axis=0)
+        return col.__getitems__(ids)
+
+    def gather(self, ids: np.ndarray) -> dict[str, Any]:
+        return {name: self._take(col, ids) for name, col in self.columns.items()}
+
+    def close(self) -> None:
+        pass
+
+
+def _payload_nbytes(value: Any) -> int:
+    """Bytes held by a gathered value (ndarray, Ragged, tuple/list/dict of those)."""
+    if type(value) is dict:  # the usual batch, once per delivery: no ABC checks per value
+        return sum(v.nbytes if type(v) is np.ndarray else _payload_nbytes(v)
+                   for v in value.values())
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, Mapping):
+        return sum(_payload_nbytes(v) for v in value.values())
+    if isinstance(value, tuple | list):
+        return sum(_payload_nbytes(v) for v in value)
+    nbytes = getattr(value, "nbytes", None)
+    return int(nbytes) if isinstance(nbytes, int | np.integer) else 0
+
+
+def _open_arrays(data: Any, **options: Any) -> Source:
+    if options:
+        raise ConfigError(f"options {sorted(options)} do not apply to in-memory arrays")
+    if isinstance(data, Mapping):
+        return ArraySource(data)
+    return ArraySource({"data": data})
+
+
+def _can_open_arrays(data: Any) -> bool:
+    if isinstance(data, Mapping):
+        return bool(data) and all(isinstance(k, str) and _is_arraylike(v)
+                                  for k, v in data.items())
+    return isinstance(data, np.ndarray)
+
+
+def _is_source(data: Any) -> bool:
+    return not isinstance(data, np.ndarray | Mapping | str | os.PathLike) and isinstance(
+        data, Source)
+
+
+def _pass_through(data: Any, **options: Any) -> Source:
+    if options:
+        raise ConfigError(f"options {sorted(options)} do not apply to an already-open source")
+    return data
+
+
+payload_nbytes = _payload_nbytes
+register_source("arrays", _can_open_arrays, _open_arrays)
+register_source("store", lambda d: _is_store(d) or _is_store_dir(d), _open_store)
+register_source("source", _is_source, _pass_through)

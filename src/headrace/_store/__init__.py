@@ -1,0 +1,1 @@
+"""The record store: on-disk format, codecs, snapshots, reader, writer, compaction, recovery, verify."""

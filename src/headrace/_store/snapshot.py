@@ -1,0 +1,331 @@
+"""One commit of a store, mapped: the files, lookup tables, entry checks and verification state.
+
+``Store`` holds one ``Snapshot`` at a time and swaps it on ``refresh``; every read works on the
+snapshot it started with. A snapshot maps every index, aux and chunk file that its ``meta.json``
+names, so it keeps working after a writer commits (appends add bytes past what is mapped; rewrites
+go to new files and unlink the old ones, which stay valid while mapped). ``_verify`` uses the same
+entry checks as the reader.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from headrace._base.errors import CorruptionError
+from headrace._store import format as _format
+from headrace._store.codecs import Codec, get_codec
+from headrace._store.format import AUX_DTYPE, INDEX_DTYPE, FieldSpec, Meta
+from headrace._store.vmap import map_concat
+
+__all__ = ["MappedField", "Snapshot", "Verified", "check_entries", "corrupt", "fetch",
+           "load_snapshot"]
+
+_MAP_RETRIES = 20  # a concurrent commit may unlink files between reading meta.json and mapping them
+NOPOS = np.zeros(0, np.int64)
+_BIT = np.left_shift(1, np.arange(8)).astype(np.uint8)
+
+
+class Verified:
+    """Which records this process has verified (entry + crc), per field: a bitmap of N/8 bytes.
+
+    Committed index entries and chunk bytes never change within a generation, so a record checked
+    once stays good. A per-field count of verified records makes the steady state (everything
+    verified, e.g. from the second epoch on) cost nothing per gather.
+    """
+
+    def __init__(self, names: Iterable[str], n: int, old: Verified | None = None) -> None:
+        self.n = n
+        self._lock = threading.Lock()
+        nbytes = (n + 7) // 8
+        self.bits: dict[str, np.ndarray] = {}
+        self.count: dict[str, int] = {}
+        for name in names:
+            bm = np.zeros(nbytes, np.uint8)
+            count = 0
+            prev = old.bits.get(name) if old is not None else None
+            if prev is not None and old is not None:  # same generation, more records: keep
+                k = min(len(prev), nbytes)
+                bm[:k] = prev[:k]
+                count = old.count[name] if k == len(prev) else int(np.unpackbits(bm).sum())
+            self.bits[name] = bm
+            self.count[name] = count
+
+    def todo(self, name: str, idx: np.ndarray) -> np.ndarray:
+        """Positions in ``idx`` whose records are not verified yet."""
+        if self.count[name] >= self.n:
+            return NOPOS
+        done = self.bits[name].take(idx >> 3) & _BIT.take(idx & 7)
+        return np.flatnonzero(done == 0)
+
+    def mark(self, name: str, ids: np.ndarray) -> None:
+        """Records ``ids`` passed their checks."""
+        if not len(ids):
+            return
+        with self._lock:  # the count must not double-count records marked by two threads
+            bm = self.bits[name]
+            u = np.unique(ids)
+            new = u[(bm.take(u >> 3) & _BIT.take(u & 7)) == 0]
+            np.bitwise_or.at(bm, new >> 3, _BIT.take(new & 7))
+            self.count[name] += len(new)
+
+
+def _map_file(path: str, size: int, missing: list[str] | None = None) -> np.ndarray:
+    """Read-only uint8 view of the first ``size`` bytes (fewer if the file is shorter).
+
+    A missing file maps as empty (and is listed in ``missing``): the damage then surfaces as a
+    ``CorruptionError`` naming the records that need it, and the rest of the store stays readable.
+    """
+    try:
+        f = open(path, "rb")  # noqa: SIM115 (closed below; the mapping outlives the fd)
+    except FileNotFoundError:
+        if missing is None:
+            raise
+        missing.append(path)
+        return np.empty(0, np.uint8)
+    with f:
+        avail = min(size, os.fstat(f.fileno()).st_size)
+        if avail <= 0:
+            arr = np.empty(0, np.uint8)
+        else:
+            arr = np.frombuffer(mmap.mmap(f.fileno(), avail, access=mmap.ACCESS_READ), np.uint8)
+    arr.flags.writeable = False
+    return arr
+
+
+@dataclass(frozen=True)
+class MappedField:
+    spec: FieldSpec
+    fidx: int
+    codec: Codec
+    rec: int  # decoded bytes per record for fixed-shape fields, -1 for ragged
+    index: np.ndarray  # INDEX_DTYPE, len <= N (shorter only if the index file was truncated)
+    aux: np.ndarray  # AUX_DTYPE
+    index_u4: np.ndarray  # the same bytes as (len, 4) uint32: fast to take and split
+    aux_u4: np.ndarray  # (len, 2) uint32
+    plain: bool = False  # uint8 records of shape (rec,): gathered rows need no view/reshape
+
+
+@dataclass
+class Snapshot:
+    meta: Meta
+    fields: dict[str, MappedField]
+    chunks: dict[int, np.ndarray]  # id -> uint8 view of the committed bytes actually present
+    chunk_size: np.ndarray  # int64 by chunk id: usable bytes, -1 where no chunk has that id
+    chunk_field: np.ndarray  # int64 by chunk id: field number, -1 where none
+    rows: dict[int, np.ndarray]  # chunk id -> 2-D (rows, rec) view, fixed-shape raw fields only
+    # field -> (2-D rows over ALL its chunks mapped back to back, row start by chunk id, every chunk
+    # under 4 GiB); fixed-shape raw fields where _vmap works: a gather is then one take, whatever
+    # the number of chunks
+    vrows: dict[str, tuple[np.ndarray, np.ndarray, bool]]
+    # field -> usable bytes by chunk id (-1: no such chunk, or another field's), one extra -1 at the
+    # end for every id past the last chunk
+    limits: dict[str, np.ndarray]
+    verified: Verified = field(default_factory=lambda: Verified({}, 0))
+    views: dict[int, memoryview] = field(default_factory=dict)  # chunk id -> memoryview of chunks
+    # field -> (first record id of each run, virtual-row shift of each run) when the field's index
+    # is the plain appended layout, else None; computed once per snapshot (see sequential_layout)
+    layouts: dict[str, Layout | None] = field(default_factory=dict)
+
+
+# Scanning a larger index once to prove it sequential costs more than it would save.
+SEQUENTIAL_SCAN_MAX_RECORDS = 1 << 24
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the records of an append-only fixed-shape raw field sit in its virtual rows.
+
+    Run ``k`` covers ids ``starts[k] <= i < starts[k+1]``. ``shifts[j]`` is the shift (virtual row
+    minus id) of the run that ``searchsorted(starts, i, "right") == j`` names, so ``shifts[k + 1]``
+    is run ``k``'s and ``shifts[0]`` (never named) repeats ``shifts[1]``: a row lookup is then two
+    array ops and no ``- 1``.
+    """
+
+    starts: np.ndarray
+    shifts: np.ndarray
+
+    @property
+    def identity(self) -> bool:
+        """A single run with shift 0: record i is row i (what a fresh pack makes)."""
+        return len(self.starts) == 1 and int(self.shifts[1]) == 0
+
+    def rows(self, idx: np.ndarray) -> np.ndarray:
+        """Virtual rows of ids ``idx`` (checked to be ``< N``)."""
+        if len(self.starts) == 1:
+            shift = int(self.shifts[1])
+            return idx + shift if shift else idx
+        rows = self.shifts.take(np.searchsorted(self.starts, idx, side="right"), mode="clip")
+        rows += idx
+        return rows
+
+
+def sequential_layout(st: Snapshot, name: str) -> Layout | None:
+    """Whether record i of fixed-shape raw field ``name`` sits at virtual row ``i + shift``.
+
+    That holds for a field filled by appends only (no modify/delete since the last compact): the
+    records of a chunk are consecutive ids at consecutive rows, so the whole index reduces to one
+    shift per chunk run, and a gather needs no random reads of the index at all (one
+    ``searchsorted`` over the run starts instead). The scan also proves every entry valid (full
+    length, inside its chunk), which is what the per-record index check would establish.
+
+    Returns:
+        The ``Layout``, or ``None`` when the layout is not sequential (use the index).
+    """
+    if name in st.layouts:
+        return st.layouts[name]
+    result: Layout | None = None
+    f = st.fields[name]
+    virtual = st.vrows.get(name)
+    n = len(f.index)
+    if (virtual is not None and 0 < n <= SEQUENTIAL_SCAN_MAX_RECORDS and f.rec > 0
+            and n == st.meta.length):
+        vrows, vstart, _ = virtual
+        ent = f.index_u4
+        cid = ent[:, 0].astype(np.int64)
+        off = ent[:, 1].astype(np.int64) | (ent[:, 2].astype(np.int64) << 32)
+        ok = bool((ent[:, 3] == f.rec).all()) and bool((off % f.rec == 0).all()) \
+            and bool((cid < len(vstart)).all())
+        if ok:
+            start = vstart[cid]
+            ok = bool((start >= 0).all())
+            if ok:
+                rows = start + off // f.rec
+                ok = bool((rows < len(vrows)).all()) and bool((np.diff(rows) > 0).all())
+                if ok:
+                    shift = rows - np.arange(n, dtype=np.int64)
+                    cut = np.flatnonzero(np.diff(shift)) + 1  # a new run where the shift changes
+                    starts = np.concatenate([[0], cut]).astype(np.int64)
+                    runs = shift[starts]
+                    result = Layout(starts, np.concatenate([runs[:1], runs]))
+    st.layouts[name] = result
+    return result
+
+
+def load_snapshot(path: str) -> Snapshot:
+    for attempt in range(_MAP_RETRIES):
+        meta = _format.read_meta(path)
+        missing: list[str] = []
+        state = _map_snapshot(path, meta, missing)
+        # Files missing because a writer committed (and unlinked them) since we read meta.json:
+        # load the newer commit. Missing with meta.json unchanged: damage, reported per record.
+        if not missing or attempt == _MAP_RETRIES - 1 or _format.read_meta(path).commit == meta.commit:
+            return state
+    raise AssertionError("unreachable")
+
+
+def _map_snapshot(path: str, meta: Meta, missing: list[str]) -> Snapshot:
+    n = meta.length
+    fields: dict[str, MappedField] = {}
+    for fidx, fe in enumerate(meta.fields):
+        spec = fe.spec
+        index = _map_file(os.path.join(path, fe.index), n * INDEX_DTYPE.itemsize, missing)
+        aux = _map_file(os.path.join(path, fe.aux), n * AUX_DTYPE.itemsize, missing)
+        m = min(len(index) // INDEX_DTYPE.itemsize, len(aux) // AUX_DTYPE.itemsize)
+        rec = -1 if spec.shape is None else spec.record_nbytes
+        ib = index[: m * INDEX_DTYPE.itemsize]
+        ab = aux[: m * AUX_DTYPE.itemsize]
+        fields[spec.name] = MappedField(
+            spec, fidx, get_codec(spec.codec), rec, ib.view(INDEX_DTYPE), ab.view(AUX_DTYPE),
+            ib.view("<u4").reshape(m, 4), ab.view("<u4").reshape(m, 2),
+            plain=spec.dtype == np.uint8 and spec.shape == (rec,))
+    top = max((c.id for c in meta.chunks), default=-1) + 1
+    chunk_size = np.full(top, -1, np.int64)
+    chunk_field = np.full(top, -1, np.int64)
+    chunks: dict[int, np.ndarray] = {}
+    rows: dict[int, np.ndarray] = {}
+    vrows: dict[str, tuple[np.ndarray, np.ndarray, bool]] = {}
+    fnum = {fe.spec.name: i for i, fe in enumerate(meta.fields)}
+    for c in meta.chunks:
+        chunk_field[c.id] = fnum[c.field]
+    for name, f in fields.items():
+        mine = [c for c in meta.chunks if c.field == name]
+        if f.rec > 0 and f.spec.codec == "raw" and mine:
+            files = [(os.path.join(path, _format.chunk_name(c.id)), c.size) for c in mine]
+            sizes = [_present_size(p, size, missing) for p, size in files]
+            got = map_concat([(p, k) for (p, _), k in zip(files, sizes, strict=True)], f.rec)
+            if got is not None:
+                arr, starts = got
+                vstart = np.full(top, -1, np.int64)
+                for c, start, k in zip(mine, starts, sizes, strict=True):
+                    chunks[c.id] = arr[start:start + k]
+                    chunk_size[c.id] = k
+                    vstart[c.id] = start // f.rec
+                usable = len(arr) // f.rec * f.rec
+                small = max(sizes) < 2**32
+                vrows[name] = (arr[:usable].reshape(-1, f.rec), vstart, small)
+                continue
+        for c in mine:
+            arr = _map_file(os.path.join(path, _format.chunk_name(c.id)), c.size, missing)
+            chunks[c.id] = arr
+            chunk_size[c.id] = len(arr)
+            if f.rec > 0 and f.spec.codec == "raw":
+                k = len(arr) // f.rec
+                rows[c.id] = arr[: k * f.rec].reshape(k, f.rec)
+    limits = {name: np.append(np.where(chunk_field == f.fidx, chunk_size, -1), -1)
+              for name, f in fields.items()}
+    return Snapshot(meta, fields, chunks, chunk_size, chunk_field, rows, vrows, limits,
+                    Verified(fields, n),
+                    {cid: memoryview(a) for cid, a in chunks.items()})  # type: ignore[arg-type]
+
+
+def _present_size(path: str, size: int, missing: list[str]) -> int:
+    """Bytes of a chunk that can be mapped: its committed size, less if the file is truncated."""
+    try:
+        return min(size, os.stat(path).st_size)
+    except FileNotFoundError:
+        missing.append(path)
+        return 0
+
+
+def check_entries(st: Snapshot, f: MappedField, idx: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Vectorized consistency check of the entries of ``idx`` (all < len(f.index)).
+
+    Returns ``(bad, chunk, offset, length, nbytes, crc)``; ``bad`` marks entries that point outside
+    their chunk (or into another field's chunk) or disagree with the field's schema. Kept to a few
+    whole-array operations because it runs on every gather.
+    """
+    cid, off, ln, nb, crc = fetch(f, idx)
+    present = ln != 0
+    limit = st.limits[f.spec.name][np.minimum(cid, len(st.chunk_size))]  # -1: not this field's
+    bad = present & ((off + ln > limit) | (off < 0))
+    bad |= ~present & ((cid != 0) | (off != 0) | (nb != 0))  # an absent entry is all zeros
+    if f.rec >= 0:
+        if f.spec.codec == "raw":  # stored == decoded, whole aligned rows
+            bad |= (nb != ln) | (present & (ln != f.rec)) | (off % max(f.rec, 1) != 0)
+        else:
+            bad |= nb != present * f.rec
+    else:
+        if f.spec.dtype.itemsize > 1:
+            bad |= (nb % f.spec.dtype.itemsize) != 0
+        if f.spec.codec == "raw":
+            bad |= nb != ln
+    return bad, cid, off, ln, nb, crc
+
+
+def fetch(f: MappedField, idx: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(chunk, offset, length, nbytes, crc)`` of ``idx`` as int64 arrays (crc: uint32)."""
+    ent = f.index_u4.take(idx, axis=0)  # columns: chunk, offset lo, offset hi, length
+    aux = f.aux_u4.take(idx, axis=0)  # columns: crc, nbytes
+    off = ent[:, 1].astype(np.int64)
+    off |= ent[:, 2].astype(np.int64) << 32  # an offset >= 2**63 turns negative: caught as bad
+    return (ent[:, 0].astype(np.int64), off, ent[:, 3].astype(np.int64),
+            aux[:, 1].astype(np.int64), aux[:, 0])
+
+
+def corrupt(spec: FieldSpec, ids: np.ndarray, what: str) -> CorruptionError:
+    ids_l = sorted(set(np.asarray(ids).tolist()))
+    shown = ", ".join(map(str, ids_l[:10])) + (" ..." if len(ids_l) > 10 else "")
+    return CorruptionError(
+        f"field {spec.name!r}, record ids [{shown}]: {what}; run `headrace verify` on the store "
+        "to list every damaged record, and restore them from the source data",
+        field=spec.name, record_ids=ids_l)
+
+
