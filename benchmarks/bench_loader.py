@@ -2,13 +2,22 @@
 
 Side by side, each peer in a fresh subprocess (so each peak RSS is its own):
 
-* ``headrace``: ``headrace.Loader(store, batch=256, order="shuffle", epochs=1)``.
-* ``headrace-torch``: the same loader through ``headrace.torch.IterableDataset`` and
+* ``headrace`` / ``headrace-seq`` / ``headrace-iid``: ``headrace.Loader(store, batch=256,
+  order="shuffle" | "sequential" | "iid", epochs=1)`` over one ``Store`` opened once per process.
+* ``headrace-load``: ``headrace.load(path, batch=256, shuffle=True)``, the store opened by ``load``
+  every epoch (what a script that builds its loader per epoch pays).
+* ``headrace-loaderx`` / ``headrace-loaderx-npy``: the loaderx-style endless
+  ``DataLoader(Dataset(x), Dataset(label), num_workers=2, mode=1)`` (IID), ``ceil(rows / 256)``
+  steps per epoch, over the store's fields / over the ``.npy`` files (datasets opened once).
+* ``headrace-torch``: the shuffled loader through ``headrace.torch.IterableDataset`` and
   ``torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)`` (zero-copy tensors).
-* ``headrace-jax``: the same loader through ``headrace.jax.iterator(loader, prefetch=2)`` onto
+* ``headrace-jax``: the shuffled loader through ``headrace.jax.iterator(loader, prefetch=2)`` onto
   JAX's default device (the CPU here, where ``device_put`` may alias the NumPy buffer).
-* ``ceiling``: a plain single-thread ``memmap[sorted idx]`` gather of each shuffled batch from
-  ``.npy`` files (what one core does with no loader at all).
+* the ceilings, one thread, no loader, the ``.npy`` mappings made once per process and kept (as
+  headrace keeps its ``Store``): ``ceiling`` gathers ``x[sorted idx], y[sorted idx]`` of each
+  shuffled batch; ``ceiling-seq`` copies each batch's contiguous rows (``x[a:b].copy()``: a view
+  would read nothing); ``ceiling-iid`` gathers sorted uniform draws with replacement. Each peer's
+  ``vs ceiling`` is against the ceiling of its own order (the ``ceiling`` column).
 * ``torch``: ``torch.utils.data.DataLoader`` with 2 worker processes over the same memmap, a
   map-style dataset with ``__getitems__`` fed by a ``BatchSampler(RandomSampler)``, so each worker
   gathers a whole sorted batch as the ceiling does (the fair, fast way to use it).
@@ -30,8 +39,11 @@ is ``ru_maxrss`` of the peer's process plus its largest child (torch workers); i
 page-cache pages a peer touched, which are shared and reclaimable, so ``anon MB`` (the peak of the
 process's anonymous RSS, sampled every 10 ms) says what a peer really allocated.
 
-Also measured: the sampler's share of headrace's wall time per batch (the shuffle ``Order`` that
-the loader evaluates for each batch).
+``first vs ceiling's first`` compares the first epochs (each peer's process is fresh; headrace
+verifies every record's crc32c on its first read, the ceilings verify nothing).
+
+Also measured: the sampler's share of headrace's wall time per batch: one epoch of the shuffle
+``Order`` evaluated from a fresh order, so the epoch's network build is inside the timer.
 
 Run::
 
@@ -63,7 +75,9 @@ ROW_BYTES = 3_072
 DEFAULT_ROWS = 200_000
 BATCH = 256
 DATA = Path(__file__).resolve().parent / "_data" / "bench_loader"
-PEERS = ("ceiling", "headrace", "headrace-torch", "headrace-jax", "torch", "grain")
+PEERS = ("ceiling", "ceiling-seq", "ceiling-iid", "headrace", "headrace-seq", "headrace-iid",
+         "headrace-load", "headrace-loaderx", "headrace-loaderx-npy", "headrace-torch",
+         "headrace-jax", "torch", "grain")
 
 
 # ---------------------------------------------------------------------------------------- data
@@ -146,9 +160,21 @@ class AnonPeak:
         return self.peak_kb
 
 
+_MAPPED: tuple[np.ndarray, np.ndarray] | None = None
+
+
+def _mapped(root: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The ``.npy`` mappings, made once per process and kept, as headrace keeps its ``Store``."""
+    global _MAPPED
+    if _MAPPED is None:
+        _MAPPED = (np.asarray(np.load(root / "x.npy", mmap_mode="r")),
+                   np.asarray(np.load(root / "label.npy", mmap_mode="r")))
+    return _MAPPED
+
+
 def run_ceiling(root: Path, rows: int, repeat: int) -> int:
-    x = np.asarray(np.load(root / "x.npy", mmap_mode="r"))
-    y = np.asarray(np.load(root / "label.npy", mmap_mode="r"))
+    """Shuffled: one thread, a kept mapping, ``x[sorted idx], y[sorted idx]`` per batch."""
+    x, y = _mapped(root)
     perm = np.random.default_rng(repeat).permutation(rows)
     n = 0
     for start in range(0, rows, BATCH):
@@ -158,10 +184,33 @@ def run_ceiling(root: Path, rows: int, repeat: int) -> int:
     return n
 
 
+def run_ceiling_seq(root: Path, rows: int, repeat: int) -> int:
+    """Sequential: each batch's contiguous rows copied out of the kept mapping (a bare view would
+    read nothing; headrace's batches are in memory)."""
+    x, y = _mapped(root)
+    n = 0
+    for start in range(0, rows, BATCH):
+        xb, yb = x[start:start + BATCH].copy(), y[start:start + BATCH].copy()
+        n += min(len(xb), len(yb))
+    return n
+
+
+def run_ceiling_iid(root: Path, rows: int, repeat: int) -> int:
+    """IID: ``rows`` uniform draws with replacement, sorted per batch, gathered from the mapping."""
+    x, y = _mapped(root)
+    rng = np.random.default_rng(repeat)
+    n = 0
+    for start in range(0, rows, BATCH):
+        idx = np.sort(rng.integers(0, rows, size=min(BATCH, rows - start)))
+        xb, yb = x[idx], y[idx]
+        n += min(len(xb), len(yb))
+    return n
+
+
 _STORE: Any = None
 
 
-def run_headrace(root: Path, rows: int, repeat: int) -> int:
+def _store(root: Path) -> Any:
     import headrace
 
     global _STORE
@@ -169,11 +218,75 @@ def run_headrace(root: Path, rows: int, repeat: int) -> int:
         # One Store for all repeats, as in training: its default verify="first" checksums each
         # record the first time this process reads it, so the first epoch also pays for crc32c.
         _STORE = headrace.open(root / "store")
+    return _STORE
+
+
+def _run_loader(root: Path, repeat: int, order: str) -> int:
+    import headrace
+
     n = 0
-    with headrace.Loader(_STORE, batch=BATCH, order="shuffle", seed=repeat, epochs=1) as loader:
+    with headrace.Loader(_store(root), batch=BATCH, order=order, seed=repeat, epochs=1) as loader:
         for batch in loader:
             n += min(len(batch["x"]), len(batch["label"]))
     return n
+
+
+def run_headrace(root: Path, rows: int, repeat: int) -> int:
+    return _run_loader(root, repeat, "shuffle")
+
+
+def run_headrace_seq(root: Path, rows: int, repeat: int) -> int:
+    return _run_loader(root, repeat, "sequential")
+
+
+def run_headrace_iid(root: Path, rows: int, repeat: int) -> int:
+    return _run_loader(root, repeat, "iid")
+
+
+def run_headrace_load(root: Path, rows: int, repeat: int) -> int:
+    """``headrace.load(path, shuffle=True)``: the path opened by ``load`` itself each epoch."""
+    import headrace
+
+    n = 0
+    with headrace.load(root / "store", batch=BATCH, shuffle=True, seed=repeat) as loader:
+        for batch in loader:
+            n += min(len(batch["x"]), len(batch["label"]))
+    return n
+
+
+_LOADERX: dict[str, Any] = {}
+
+
+def _run_loaderx(root: Path, rows: int, repeat: int, kind: str) -> int:
+    """loaderx-style ``DataLoader(Dataset, Dataset, mode=1)`` (IID), ``ceil(rows / batch)`` steps
+    of the endless loader; the datasets are opened once per process and kept."""
+    import headrace
+
+    if kind not in _LOADERX:
+        if kind == "store":
+            _LOADERX[kind] = (headrace.Dataset(root / "store", field="x"),
+                              headrace.Dataset(root / "store", field="label"))
+        else:
+            _LOADERX[kind] = (headrace.Dataset(root / "x.npy"), headrace.Dataset(root / "label.npy"))
+    data, labels = _LOADERX[kind]
+    loader = headrace.DataLoader(data, labels, num_workers=2, batch_size=BATCH, mode=1,
+                                 seed=repeat)
+    n = 0
+    try:
+        for _ in range(-(-rows // BATCH)):
+            batch = next(loader)
+            n += min(len(batch["data"]), len(batch["label"]), rows - n)
+    finally:
+        loader.close()
+    return n
+
+
+def run_headrace_loaderx(root: Path, rows: int, repeat: int) -> int:
+    return _run_loaderx(root, rows, repeat, "store")
+
+
+def run_headrace_loaderx_npy(root: Path, rows: int, repeat: int) -> int:
+    return _run_loaderx(root, rows, repeat, "npy")
 
 
 def run_headrace_torch(root: Path, rows: int, repeat: int) -> int:
@@ -183,10 +296,7 @@ def run_headrace_torch(root: Path, rows: int, repeat: int) -> int:
     import headrace
     import headrace.torch
 
-    global _STORE
-    if _STORE is None:
-        _STORE = headrace.open(root / "store")
-    ds = headrace.torch.IterableDataset(_STORE, batch=BATCH, order="shuffle", seed=repeat,
+    ds = headrace.torch.IterableDataset(_store(root), batch=BATCH, order="shuffle", seed=repeat,
                                         epochs=1)
     n = 0
     for batch in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0):
@@ -202,11 +312,8 @@ def run_headrace_jax(root: Path, rows: int, repeat: int) -> int:
     import headrace
     import headrace.jax
 
-    global _STORE
-    if _STORE is None:
-        _STORE = headrace.open(root / "store")
     n = 0
-    with headrace.Loader(_STORE, batch=BATCH, order="shuffle", seed=repeat, epochs=1) as loader:
+    with headrace.Loader(_store(root), batch=BATCH, order="shuffle", seed=repeat, epochs=1) as loader:
         for batch in headrace.jax.iterator(loader, prefetch=2):
             n += min(len(batch["x"]), len(batch["label"]))
         jax.block_until_ready(batch)
@@ -284,21 +391,30 @@ def run_grain(root: Path, rows: int, repeat: int) -> int:
     return n
 
 
-def sampler_seconds_per_batch(rows: int, batches: int = 782) -> float:
-    """Wall time of the shuffle order for one batch, as the loader evaluates it."""
+def sampler_seconds_per_batch(rows: int) -> float:
+    """Wall time of the shuffle order per batch over one epoch, as the loader evaluates it: from a
+    fresh ``Order``, so the epoch's network build (its round tables) is inside the timer."""
     from headrace._order.make import make_order
 
-    order = make_order("shuffle", rows, seed=0)
-    order.range(0, BATCH)  # builds the epoch's round tables, as the loader's first batch does
+    batches = -(-rows // BATCH)
     t0 = time.perf_counter()
+    order = make_order("shuffle", rows, seed=0)
     for b in range(batches):  # the call the loader's dispatcher makes (read-only ids, no copy)
-        order.shared_range((b * BATCH) % (rows * 4), BATCH)
+        order.shared_range(b * BATCH, min(BATCH, rows - b * BATCH))
     return (time.perf_counter() - t0) / batches
 
 
-RUNNERS = {"ceiling": run_ceiling, "headrace": run_headrace,
+RUNNERS = {"ceiling": run_ceiling, "ceiling-seq": run_ceiling_seq, "ceiling-iid": run_ceiling_iid,
+           "headrace": run_headrace, "headrace-seq": run_headrace_seq,
+           "headrace-iid": run_headrace_iid, "headrace-load": run_headrace_load,
+           "headrace-loaderx": run_headrace_loaderx,
+           "headrace-loaderx-npy": run_headrace_loaderx_npy,
            "headrace-torch": run_headrace_torch, "headrace-jax": run_headrace_jax,
            "torch": run_torch, "grain": run_grain}
+# the ceiling of equal work for each peer: the same order (so the same gather pattern)
+CEILING_OF = {"headrace-seq": "ceiling-seq", "ceiling-seq": "ceiling-seq",
+              "headrace-iid": "ceiling-iid", "ceiling-iid": "ceiling-iid",
+              "headrace-loaderx": "ceiling-iid", "headrace-loaderx-npy": "ceiling-iid"}
 
 
 def _cpu_seconds() -> float:
@@ -418,21 +534,24 @@ def main() -> None:
     def steady(peer: Peer) -> list[float]:
         return peer.seconds[1:] or peer.seconds
 
-    ceiling = next((p for p in peers if p.name == "ceiling"), None)
+    by_name = {p.name: p for p in peers}
     print()
-    print("| peer | rows/s | vs ceiling | first epoch rows/s | CPU us/batch | CPU vs ceiling "
-          "| peak RSS MB | anon MB |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| peer | ceiling | rows/s | vs ceiling | first epoch rows/s | first vs ceiling's first "
+          "| CPU us/batch | CPU vs ceiling | peak RSS MB | anon MB |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     batches = -(-args.rows // BATCH)
     for peer in peers:
         rate = args.rows / float(np.median(steady(peer)))
         cpu = float(np.median(peer.cpu_s[1:] or peer.cpu_s))
-        ratio = cpu_ratio = "-"
+        ceiling = by_name.get(CEILING_OF.get(peer.name, "ceiling"))
+        ratio = cpu_ratio = first_ratio = "-"
         if ceiling is not None:
             ratios = [c / s for c, s in zip(steady(ceiling), steady(peer), strict=True)]
             ratio = f"{np.median(ratios):.2f}x"
+            first_ratio = f"{ceiling.seconds[0] / peer.seconds[0]:.2f}x"
             cpu_ratio = f"{cpu / float(np.median(ceiling.cpu_s[1:] or ceiling.cpu_s)):.2f}x"
-        print(f"| {peer.name} | {rate:,.0f} | {ratio} | {args.rows / peer.seconds[0]:,.0f} | "
+        print(f"| {peer.name} | {ceiling.name if ceiling else '-'} | {rate:,.0f} | {ratio} | "
+              f"{args.rows / peer.seconds[0]:,.0f} | {first_ratio} | "
               f"{cpu / batches * 1e6:,.0f} | {cpu_ratio} | {peer.final['peak_rss_mb']:,.0f} | "
               f"{peer.final['anon_mb']:,.0f} |")
     for peer in peers:
