@@ -1,23 +1,32 @@
 """Checkpoint tokens: a few integers that say exactly what the consumer has received.
 
-A token is compact JSON (ASCII bytes, at most ``MAX_TOKEN_BYTES``) tagged with ``FORMAT``. Because
-order is a pure function of ``(mode, seed, N, position)``, the position of the first global sample
-not yet delivered is enough to continue the same stream; the other keys exist to refuse a resume
-that would silently read a different stream (other data, seed, batch size or order).
+A token is compact JSON (ASCII bytes, at most ``MAX_TOKEN_BYTES`` for one loader) tagged with
+``FORMAT`` and a ``kind``. Because order is a pure function of ``(mode, seed, N, position)``, the
+position of the first global sample not yet delivered is enough to continue the same stream; the
+other keys exist to refuse a resume that would silently read a different stream (other data,
+seed, batch size or order).
+
+Every loader kind speaks this one format: ``checkpoint()`` returns the token, ``state_dict()`` the
+same JSON object decoded (a plain dict, the torchdata ``StatefulDataLoader`` convention), and
+``resume=`` / ``load_state_dict()`` accept either. A composite loader (``headrace.mix``) nests its
+sources' state dicts inside its own body: :func:`encode_body` / :func:`decode_body` are the
+format's two halves for any ``kind``, and :func:`as_token` / :func:`as_state` convert between a
+token and its dict.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from headrace._base.errors import CheckpointError
 
-__all__ = ["FORMAT", "MAX_TOKEN_BYTES", "LoaderState", "decode", "encode", "encoder",
-           "fingerprint_key", "validate"]
+__all__ = ["FORMAT", "MAX_TOKEN_BYTES", "LoaderState", "adopt_epochs", "as_state", "as_token",
+           "decode", "decode_body", "encode", "encode_body", "encoder", "fingerprint_key",
+           "validate"]
 
 FORMAT = "headrace-ckpt-1"
 MAX_TOKEN_BYTES = 1024
@@ -62,15 +71,87 @@ def fingerprint_key(fingerprint: str) -> str:
     return "sha256:" + hashlib.sha256(fingerprint.encode("utf-8")).hexdigest()
 
 
+def encode_body(kind: str, body: Mapping[str, Any], *,
+                max_bytes: int = MAX_TOKEN_BYTES) -> bytes:
+    """A token of ``kind`` holding ``body`` (JSON values; ``format``/``kind`` come first).
+
+    Raises:
+        CheckpointError: the token would exceed ``max_bytes`` (refused, never truncated).
+    """
+    full = {K_FORMAT: FORMAT, K_KIND: kind}
+    full.update((k, v) for k, v in body.items() if k not in (K_FORMAT, K_KIND))
+    try:
+        token = json.dumps(full, separators=(",", ":"), ensure_ascii=True,
+                           allow_nan=False).encode("ascii")
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"a {kind} checkpoint holds a value JSON cannot carry: {e}") from None
+    if len(token) > max_bytes:
+        raise CheckpointError(f"checkpoint token would be {len(token)} bytes "
+                              f"(> {max_bytes}); this is a bug, please report it")
+    return token
+
+
+def decode_body(token: Any, *, kind: str, max_bytes: int = MAX_TOKEN_BYTES,
+                what: str = "this loader") -> dict[str, Any]:
+    """The JSON object of a token made by :func:`encode_body` with this ``kind``.
+
+    ``token`` may also be the dict itself (a ``state_dict()``); it is checked the same way.
+
+    Raises:
+        CheckpointError: not bytes or a state dict, empty, too large, not a headrace token,
+            or of another kind.
+    """
+    if isinstance(token, Mapping):
+        body: Any = dict(token)
+    else:
+        if isinstance(token, bytearray | memoryview):
+            token = bytes(token)
+        if not isinstance(token, bytes):
+            raise CheckpointError(f"resume must be the bytes returned by checkpoint() (or the "
+                                  f"dict returned by state_dict()), got {type(token).__name__}")
+        if not token:
+            raise CheckpointError("empty checkpoint token")
+        if len(token) > max_bytes:
+            raise CheckpointError(f"checkpoint token is {len(token)} bytes; headrace tokens "
+                                  f"are at most {max_bytes}")
+        try:
+            body = json.loads(token.decode("ascii"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise CheckpointError("unsupported checkpoint token format (not a headrace token; "
+                                  f"expected JSON tagged {FORMAT!r})") from None
+    if not isinstance(body, dict) or body.get(K_FORMAT) != FORMAT:
+        got = body.get(K_FORMAT) if isinstance(body, dict) else None
+        raise CheckpointError(f"unsupported checkpoint token format {got!r}; expected {FORMAT!r}")
+    if body.get(K_KIND) != kind:
+        raise CheckpointError(f"unsupported checkpoint kind {body.get(K_KIND)!r} for {what} "
+                              f"(expected {kind!r})")
+    return body
+
+
+def as_token(state: Any) -> bytes:
+    """``state`` (a token or a ``state_dict()``) as token bytes, unchanged when already bytes."""
+    if isinstance(state, Mapping):
+        kind = state.get(K_KIND)
+        return encode_body(kind if isinstance(kind, str) else "?", state,
+                           max_bytes=1 << 62)
+    if isinstance(state, bytearray | memoryview):
+        return bytes(state)
+    out: bytes = state  # anything else: decode() says what is wrong with it
+    return out
+
+
+def as_state(token: bytes) -> dict[str, Any]:
+    """A token's JSON object: what ``state_dict()`` returns (plain, JSON-able values)."""
+    body = json.loads(token)
+    assert isinstance(body, dict)
+    return body
+
+
 def encode(state: LoaderState) -> bytes:
     """Serialize ``state`` to a token of at most ``MAX_TOKEN_BYTES`` bytes."""
-    body = {K_FORMAT: FORMAT, K_KIND: "loader", **asdict(state)}
+    body = asdict(state)
     body["fingerprint"] = fingerprint_key(state.fingerprint)
-    token = json.dumps(body, separators=(",", ":"), ensure_ascii=True).encode("ascii")
-    if len(token) > MAX_TOKEN_BYTES:  # only possible with absurd integers; refuse, never truncate
-        raise CheckpointError(f"checkpoint token would be {len(token)} bytes "
-                              f"(> {MAX_TOKEN_BYTES}); this is a bug, please report it")
-    return token
+    return encode_body("loader", body)
 
 
 def encoder(state: LoaderState) -> Callable[[int, int], bytes]:
@@ -96,32 +177,12 @@ def encoder(state: LoaderState) -> Callable[[int, int], bytes]:
 
 
 def decode(token: Any) -> LoaderState:
-    """Parse a token made by ``encode``.
+    """Parse a token made by ``encode`` (or its ``state_dict()`` form).
 
     Raises:
         CheckpointError: not bytes, empty, too large, not a headrace token, or malformed.
     """
-    if isinstance(token, bytearray | memoryview):
-        token = bytes(token)
-    if not isinstance(token, bytes):
-        raise CheckpointError(f"resume must be the bytes returned by checkpoint(), got "
-                              f"{type(token).__name__}")
-    if not token:
-        raise CheckpointError("empty checkpoint token")
-    if len(token) > MAX_TOKEN_BYTES:
-        raise CheckpointError(f"checkpoint token is {len(token)} bytes; headrace tokens are at "
-                              f"most {MAX_TOKEN_BYTES}")
-    try:
-        body = json.loads(token.decode("ascii"))
-    except (UnicodeDecodeError, ValueError):
-        raise CheckpointError("unsupported checkpoint token format (not a headrace token; "
-                              f"expected JSON tagged {FORMAT!r})") from None
-    if not isinstance(body, dict) or body.get(K_FORMAT) != FORMAT:
-        got = body.get(K_FORMAT) if isinstance(body, dict) else None
-        raise CheckpointError(f"unsupported checkpoint token format {got!r}; expected {FORMAT!r}")
-    if body.get(K_KIND) != "loader":
-        raise CheckpointError(f"unsupported checkpoint kind {body.get(K_KIND)!r} for a Loader "
-                              "(expected 'loader')")
+    body = decode_body(token, kind="loader", what="a Loader")
     values: dict[str, Any] = {}
     for f in fields(LoaderState):
         v = body.get(f.name)
@@ -136,12 +197,8 @@ def decode(token: Any) -> LoaderState:
     return state
 
 
-def validate(token: LoaderState, current: LoaderState, *, first_epoch: int,
-             last_epoch: int | None) -> None:
+def validate(token: LoaderState, current: LoaderState) -> None:
     """Refuse a token that would resume a different stream than ``current`` reads.
-
-    ``first_epoch``/``last_epoch`` (exclusive; None when endless) bound the epochs this loader
-    reads; a token from outside them is refused (a token at the very end resumes as exhausted).
 
     Raises:
         CheckpointError: naming each mismatched key with the token's and the current value.
@@ -160,10 +217,20 @@ def validate(token: LoaderState, current: LoaderState, *, first_epoch: int,
                 else "resume with the same seed, order and batch size as the checkpointed run")
         raise CheckpointError("cannot resume from this checkpoint: " + "; ".join(problems)
                               + f" ({hint})")
-    lo = first_epoch * token.length
-    hi = None if last_epoch is None else last_epoch * token.length
-    if token.position < lo or (hi is not None and token.position > hi):
-        span = f"[{first_epoch}, {last_epoch})" if last_epoch is not None else f">= {first_epoch}"
-        raise CheckpointError(f"resume epoch mismatch: token epoch={token.epoch} "
-                              f"(position {token.position}) is outside this loader's epochs "
-                              f"{span}; pass epoch={token.epoch}")
+
+
+def adopt_epochs(token: LoaderState, *, first_epoch: int,
+                 epochs: int | None) -> tuple[int, int | None]:
+    """The epochs ``[first, end)`` (``end`` None: endless) a loader restored from ``token`` reads.
+
+    A token inside the loader's own epochs (``first_epoch`` .. ``first_epoch + epochs``, its very
+    end included: that resumes as finished) keeps them. A token from elsewhere moves the loader to
+    the token's epoch and keeps the epoch count: a loader built with ``epochs=1`` and restored
+    from a token of epoch 2 reads the rest of epoch 2.
+    """
+    n = token.length
+    end = None if epochs is None else first_epoch + epochs
+    if token.position >= first_epoch * n and (end is None or token.position <= end * n):
+        return first_epoch, end
+    first = token.position // n if n else token.epoch
+    return first, None if epochs is None else first + epochs

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from headrace._engine.loader import Loader
     from headrace._sources.media import MediaFiles
 
-__all__ = ["INNER_LOADER_KEYWORDS", "BorrowedRecords", "ClosingMixin", "LoaderWrapper",
-           "SingleLoaderWrapper"]
+__all__ = ["INNER_LOADER_KEYWORDS", "BorrowedRecords", "ClosingMixin", "InnerState",
+           "LoaderWrapper", "SingleLoaderWrapper"]
 
 #: the keywords of ``audio()``, ``video()`` and ``image()`` that go to the inner ``Loader`` as
 #: they are (their meaning is the Loader's: docs/api.md)
@@ -91,6 +91,36 @@ class ClosingMixin:
             pass
 
 
+class InnerState:
+    """The state contract of a loader that runs one inner ``Loader`` for all its epochs.
+
+    ``state_dict()`` / ``load_state_dict()`` / ``set_epoch()`` are the inner loader's (one token
+    format for every kind, docs/checkpoint.md), and ``iter()`` refuses a new pass once every
+    epoch was delivered, as :meth:`headrace.Loader.__iter__`. The class defines
+    ``_state_loader()``.
+    """
+
+    def _state_loader(self) -> Loader:
+        raise NotImplementedError
+
+    def __iter__(self) -> Self:
+        self._state_loader().__iter__()  # raises LoaderError when finished, failed or closed
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the delivered stream ends, as a JSON-able dict (see ``Loader.state_dict``)."""
+        return self._state_loader().state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        """Continue from ``state`` (a ``state_dict()`` or ``checkpoint()`` token), in place;
+        the token's epoch is adopted (see ``Loader.load_state_dict``)."""
+        self._state_loader().load_state_dict(state)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Rewind to the start of ``epoch`` (see ``Loader.set_epoch``)."""
+        self._state_loader().set_epoch(epoch)
+
+
 class LoaderWrapper(TimelineMixin, ClosingMixin):
     """A loader class that runs inner ``Loader`` objects over data it owns (module docstring).
 
@@ -130,7 +160,7 @@ class LoaderWrapper(TimelineMixin, ClosingMixin):
         self._release_data()
 
 
-class SingleLoaderWrapper(LoaderWrapper):
+class SingleLoaderWrapper(InnerState, LoaderWrapper):
     """A :class:`LoaderWrapper` whose one ``Loader`` (``_inner``) spans every epoch, over
     :class:`~headrace._sources.media.MediaFiles` (``files``): the audio and video loaders.
 
@@ -141,6 +171,9 @@ class SingleLoaderWrapper(LoaderWrapper):
     files: MediaFiles
 
     def _current_loader(self) -> Loader:
+        return self._inner
+
+    def _state_loader(self) -> Loader:
         return self._inner
 
     def _started(self, timeline_s: float | None) -> None:

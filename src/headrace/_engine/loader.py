@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import traceback
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -68,6 +69,7 @@ class _Result:
     batch: Any = None
     error: BaseException | None = None
     where: str = "worker"
+    retry: bool = False  # the consumer was interrupted gathering it: gather it again
 
 
 class _Engine:
@@ -107,7 +109,7 @@ class _Engine:
         # consumer's inline dispatch): the next dispatcher starts from it, so no step is skipped.
         self._pending: Step | None = None
         self.pid = os.getpid()  # threads do not survive fork(): a child must build its own
-        # issue 10 (timeline): seconds each worker spent in [gather, transform]; one slot per
+        # Seconds each worker spent in [gather, transform]; one slot per
         # worker, so each is written by one thread only and no lock is needed.
         # The last slot is the consumer's (batches it gathers inline, see take()).
         self.busy = [[0.0, 0.0] for _ in range(cfg.threads + 1)]
@@ -198,6 +200,11 @@ class _Engine:
             elif not self._wait_ram(nbytes) or not self.budget.acquire(nbytes):
                 return None  # closed while waiting
         except BaseException as e:  # posted in order: the consumer raises it at batch k
+            if not wait:  # the consumer's own dispatch: ``e`` holds the consumer's frames
+                if isinstance(e, KeyboardInterrupt | SystemExit):
+                    self._pending = step  # Ctrl-C: nothing was reserved, the step waits
+                    raise
+                _detach(e)
             self._post(_Result(k, ids, 0, step.after, error=e, where="dispatcher"))
             return None
         with self.lock:
@@ -220,8 +227,14 @@ class _Engine:
                 return
             self._run(task, busy)
 
-    def _run(self, task: _Result, busy: list[float]) -> None:
-        """Gather and transform one reserved batch, then post it (or its error) in order."""
+    def _run(self, task: _Result, busy: list[float], *, inline: bool = False) -> None:
+        """Gather and transform one reserved batch, then post it (or its error) in order.
+
+        ``inline``: the consumer runs it. A Ctrl-C there propagates as ``KeyboardInterrupt``
+        and leaves the batch to be gathered again by the next ``take``; any other error loses
+        its traceback frames (kept as a note), which would otherwise hold the consumer's stack,
+        the ``Loader`` included, for as long as the engine keeps the error.
+        """
         t0 = time.monotonic()
         try:
             batch = self.source.gather(task.ids)
@@ -235,6 +248,12 @@ class _Engine:
                 busy[1] += time.monotonic() - t1
             task.batch = batch
         except BaseException as e:
+            if inline:
+                if isinstance(e, KeyboardInterrupt | SystemExit):
+                    task.retry, task.where = True, "worker"
+                    self._post(task)
+                    raise
+                _detach(e)
             task.error = e
         self._post(task)
 
@@ -269,7 +288,7 @@ class _Engine:
             self.dispatch_lock.release()
         if task is None:
             return False
-        self._run(task, self.busy[-1])
+        self._run(task, self.busy[-1], inline=True)
         return True
 
     def _check_alive(self) -> None:
@@ -285,48 +304,63 @@ class _Engine:
             "(resume=loader.checkpoint() continues after the last delivered batch)")
 
     def take(self, ram_wait_s: float) -> _Result | None:
-        """The next batch in order, or None at the end / after close."""
+        """The next batch in order, or None at the end / after close.
+
+        The lock is only ever held by ``with`` blocks (never released and re-taken by hand), so
+        a ``KeyboardInterrupt`` anywhere here leaves it consistent and the loader usable.
+        """
         if os.getpid() != self.pid:
             raise LoaderError("this loader was created in another process and its threads did "
                               "not survive fork(); create the loader in the process that "
                               "iterates it (e.g. inside each DataLoader worker)")
-        with self.lock:
-            k = self.next_deliver
-            while k not in self.ready:
-                if self.closed or (self.end_k is not None and k >= self.end_k):
-                    return None
-                if self.ram_blocked_since is None and self.next_dispatch - k < self.window:
-                    self.lock.release()
-                    try:
-                        ran = self._inline()
-                    finally:
-                        self.lock.acquire()
-                    if ran:
-                        continue
-                    if k in self.ready:
+        tried_inline = False
+        while True:
+            inline = False
+            rerun: _Result | None = None
+            with self.lock:
+                k = self.next_deliver
+                result = self.ready.get(k)
+                if result is not None:
+                    if result.retry:
+                        rerun = self.ready.pop(k)
+                    else:
+                        del self.ready[k]
+                        self.next_deliver = k + 1
+                        self.space_cv.notify()
                         break
-                    if self.closed or (self.end_k is not None and k >= self.end_k):
-                        return None
-                blocked = self.ram_blocked_since
-                if blocked is not None and self.next_dispatch == k:
-                    # Nothing in flight and producers paused on the RAM cap: memory the loader
-                    # does not own is holding the process over the cap.
-                    if time.monotonic() - blocked >= ram_wait_s:
-                        m = self.counters.sample()
-                        raise MemoryCapError(
-                            f"process rss {m.counted_bytes} bytes (excluding "
-                            f"{m.page_cache_bytes} bytes of page cache) exceeds "
-                            f"max_process_rss_bytes {self.cfg.max_ram_bytes} and no batch is in "
-                            "flight; free batches the program holds, or raise ram_gb / "
-                            "Constraints(max_ram_bytes=...)")
-                    self.ready_cv.wait(_RAM_POLL_S * 10)
-                elif not self.ready_cv.wait(_LIVENESS_S):
-                    self._check_alive()
-            result = self.ready.pop(k)
-            self.next_deliver = k + 1
-            self.space_cv.notify()
+                elif self.closed or (self.end_k is not None and k >= self.end_k):
+                    return None
+                elif (not tried_inline and self.ram_blocked_since is None
+                      and self.next_dispatch - k < self.window):
+                    inline = True
+                else:
+                    tried_inline = False
+                    self._wait_locked(k, ram_wait_s)
+            if rerun is not None:  # interrupted before: this batch is still reserved
+                rerun.retry = False
+                self._run(rerun, self.busy[-1], inline=True)
+            elif inline:
+                tried_inline = not self._inline()
         self.budget.release(result.nbytes)
         return result
+
+    def _wait_locked(self, k: int, ram_wait_s: float) -> None:
+        """Wait (locked) for batch ``k``; raise when the RAM cap or dead workers stop it."""
+        blocked = self.ram_blocked_since
+        if blocked is not None and self.next_dispatch == k:
+            # Nothing in flight and producers paused on the RAM cap: memory the loader
+            # does not own is holding the process over the cap.
+            if time.monotonic() - blocked >= ram_wait_s:
+                m = self.counters.sample()
+                raise MemoryCapError(
+                    f"process rss {m.counted_bytes} bytes (excluding "
+                    f"{m.page_cache_bytes} bytes of page cache) exceeds "
+                    f"max_process_rss_bytes {self.cfg.max_ram_bytes} and no batch is in "
+                    "flight; free batches the program holds, or raise ram_gb / "
+                    "Constraints(max_ram_bytes=...)")
+            self.ready_cv.wait(_RAM_POLL_S * 10)
+        elif not self.ready_cv.wait(_LIVENESS_S):
+            self._check_alive()
 
     def queue_depth(self) -> int:
         return len(self.ready)
@@ -436,14 +470,14 @@ class Loader:
                  constraints: Constraints | None = None, runtime: RuntimeConfig | None = None,
                  resume: bytes | None = None, close_source: bool | None = None,
                  budget: ByteBudget | None = None, timeline: bool | float = False) -> None:
-        # issue 6 (mix): the settings, so _reopen() can rebuild this loader; budget= lets a mix
+        # The settings, so _reopen() can rebuild this loader; budget= lets a mix
         # hand every source one shared byte budget (a _shared_budget.BudgetShare).
         self._init_kwargs = {k: v for k, v in locals().items() if k not in ("self", "source")}
         self._engine: _Engine | None = None
         self._closed = False
         self._ckpt: tuple[str, Callable[[int, int], bytes]] | None = None
         self._timeline: Recorder | None = None
-        if timeline is True:  # issue 10: True = the default period, a number = period_s
+        if timeline is True:  # True = the default period, a number = period_s
             self.enable_timeline()
         elif timeline is not False:
             self.enable_timeline(period_s=float(timeline))
@@ -479,7 +513,7 @@ class Loader:
 
     def _setup(self, first_epoch: int, epochs: int | None, start: int | None, end: int | None,
                transform: Transform | None, transform_nbytes: Callable[[int], int] | None,
-               resume: bytes | None) -> None:
+               resume: Any) -> None:
         total = len(self.source)
         lo = 0 if start is None else _check_int("start", start, 0)
         hi = total if end is None else _check_int("end", end, 0)
@@ -491,34 +525,68 @@ class Loader:
         self._range = (lo, hi)
         if epochs is None and n == 0:
             raise ConfigError("an endless loader needs at least one record; the source is empty")
+        self._epochs = epochs
         self._first_epoch = first_epoch
         self._end_epoch = None if epochs is None else first_epoch + epochs
         self._position = first_epoch * n
-        if resume is not None:
-            tok = _checkpoint.decode(resume)
-            _checkpoint.validate(tok, self._state(self._position), first_epoch=first_epoch,
-                                 last_epoch=self._end_epoch)
-            self._position = tok.position
-        self._plan = BatchPlan(length=n, batch=self.batch_size, rank=self.rank,
-                               world_size=self.world_size, tail=self.tail,
-                               start_position=self._position,
-                               end_position=None if self._end_epoch is None
-                               else self._end_epoch * n)
+        self._transform = transform
         self._transform_nbytes = transform_nbytes
-        order = make_order(self._mode, n, seed=self.seed) if n else None
-        self._check_first_batch(order, transform_nbytes)
+        self._order = make_order(self._mode, n, seed=self.seed) if n else None
         self.last_ids = np.empty(0, np.int64)
         self._counters = LoaderCounters()
-        shared = self._init_kwargs.get("budget")  # issue 6 (mix): a shared budget, if given
+        shared = self._init_kwargs.get("budget")  # a mix's share of its one byte budget
         self._budget = shared if shared is not None else ByteBudget(self._cfg.max_inflight_bytes)
-        self._exhausted = False
-        self._engine = _Engine(source=self.source, order=order, offset=lo,
-                               steps=self._plan.steps(), transform=transform,
-                               transform_nbytes=transform_nbytes, cfg=self._cfg,
-                               budget=self._budget, counters=self._counters)
         self._ram_wait_s = _RAM_WAIT_S
+        if resume is not None:
+            self._adopt(resume)
+        self._plan = self._make_plan()
+        self._check_first_batch(self._order, transform_nbytes)
+        self._start()
+
+    def _adopt(self, token: Any) -> None:
+        """Move to where ``token`` (bytes or a state dict) says, adopting its epochs."""
+        tok = _checkpoint.decode(token)
+        _checkpoint.validate(tok, self._state(self._position))
+        self._first_epoch, self._end_epoch = _checkpoint.adopt_epochs(
+            tok, first_epoch=self._first_epoch, epochs=self._epochs)
+        self._position = tok.position
+
+    def _make_plan(self) -> BatchPlan:
+        n = self.length
+        return BatchPlan(length=n, batch=self.batch_size, rank=self.rank,
+                         world_size=self.world_size, tail=self.tail,
+                         start_position=self._position,
+                         end_position=None if self._end_epoch is None else self._end_epoch * n)
+
+    def _start(self) -> None:
+        """Start the threads reading from ``_position`` (after ``_plan`` was made for it)."""
+        self._exhausted = self._finished = False
+        self._failed: str | None = None
+        self._fresh = True  # nothing delivered since this start
+        self._engine = _Engine(source=self.source, order=self._order, offset=self._range[0],
+                               steps=self._plan.steps(), transform=self._transform,
+                               transform_nbytes=self._transform_nbytes, cfg=self._cfg,
+                               budget=self._budget, counters=self._counters)
         self._finalizer = weakref.finalize(self, _finalize, self._engine, self.source,
                                            self._owns_source)
+
+    def _restart(self, budget: ByteBudget | None = None) -> None:
+        """Stop the threads and start again from ``_position`` (the source stays open), on
+        ``budget`` when given (``headrace.mix`` moves a source onto a share this way)."""
+        if self._closed:
+            raise LoaderError("this loader is closed; create a new one (pass "
+                              "resume=loader.checkpoint() to continue where it was)")
+        self._finalizer.detach()
+        if self._engine is not None:
+            self._engine.shutdown()
+        # The stopped threads may keep bytes reserved they will never release: start on a fresh
+        # budget (a mix's share is renewed the same way, see BudgetShare.renew).
+        if budget is None:
+            renew = getattr(self._budget, "renew", None)
+            budget = renew() if renew is not None else ByteBudget(self._cfg.max_inflight_bytes)
+        self._budget = budget
+        self._plan = self._make_plan()
+        self._start()
 
     def _check_first_batch(self, order: Order | None,
                            transform_nbytes: Callable[[int], int] | None) -> None:
@@ -553,7 +621,29 @@ class Loader:
     # -- iteration -------------------------------------------------------------------------------
 
     def __iter__(self) -> Loader:
+        """The loader itself; a loader that has delivered all its epochs refuses a new pass.
+
+        A ``for`` over a loader part-way through continues where it is. Once every epoch was
+        delivered, a new ``for`` raises ``LoaderError`` (never an empty pass): call
+        ``set_epoch(e)`` to read from epoch ``e`` again.
+        """
+        if self._finished or self._failed is not None or self._closed:
+            raise LoaderError(self._why_over())
         return self
+
+    def _why_over(self) -> str:
+        if self._closed:
+            return ("this loader is closed; create a new one (resume=loader.checkpoint() "
+                    "continues after the last delivered batch)")
+        if self._failed is not None:
+            return (f"this loader stopped at an error ({self._failed}); create a new one "
+                    "(resume=loader.checkpoint() continues after the last delivered batch)")
+        last = self._end_epoch - 1 if self._end_epoch is not None else self._first_epoch
+        span = (f"epoch {last}" if last == self._first_epoch
+                else f"epochs {self._first_epoch}..{last}")
+        return (f"this loader has delivered all its epochs ({span}); call "
+                f"loader.set_epoch(E) to read epoch E again, or build it with "
+                f"epochs=None (endless) or epochs=N")
 
     def __next__(self) -> Any:
         engine = self._engine
@@ -564,6 +654,7 @@ class Loader:
         waited = time.monotonic() - t0
         if result is None:
             self._exhausted = True
+            self._finished = not self._closed
             engine.shutdown()
             if self._timeline is not None:
                 self._timeline.record(self.stats())  # the end of the run
@@ -571,18 +662,70 @@ class Loader:
         if result.error is not None:
             self._exhausted = True
             engine.shutdown()
-            wrapped = _wrap_error(result)
-            if wrapped is result.error:
+            err = result.error
+            result.error = None  # the engine keeps no reference to it (nor its frames)
+            if isinstance(err, KeyboardInterrupt | SystemExit):
+                self._failed = type(err).__name__
+                raise err
+            wrapped = _wrap_error(result, err)
+            self._failed = f"{type(err).__name__} in batch {result.k}"
+            if wrapped is err:
                 raise wrapped
-            raise wrapped from result.error
+            raise wrapped from err
         self._position = result.after
         self.last_ids = result.ids
+        self._fresh = False
         self._counters.on_delivery(samples=len(result.ids), nbytes=payload_nbytes(result.batch),
                                    waited_s=waited)
         tl = self._timeline
         if tl is not None and t0 + waited >= tl.next_at:  # one compare per batch otherwise
             tl.record(self.stats())
         return result.batch
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the delivered stream ends, as a JSON-able dict (``checkpoint()``'s token, decoded).
+
+        The torchdata ``StatefulDataLoader`` convention: save it with the model, give it back to
+        ``load_state_dict`` (or ``resume=``) to continue right after the last delivered batch.
+        """
+        return _checkpoint.as_state(self.checkpoint())
+
+    def load_state_dict(self, state: Any) -> None:
+        """Continue from ``state`` (a ``state_dict()`` or a ``checkpoint()`` token), in place.
+
+        Batches buffered but not delivered are dropped and read again from the restored
+        position. The token's epoch is adopted: restoring a token of epoch 2 into a loader
+        built with ``epoch=0, epochs=1`` reads the rest of epoch 2.
+
+        Raises:
+            CheckpointError: the state was taken on other data, seed, order or batch size.
+            LoaderError: the loader is closed.
+        """
+        if self._closed:
+            raise LoaderError(self._why_over())
+        self._adopt(state)
+        self._restart()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Rewind to the start of ``epoch``: the next ``for`` reads epochs ``epoch`` ..
+        ``epoch + epochs - 1`` (``DistributedSampler.set_epoch``'s spelling).
+
+        A loader that has delivered nothing since it was built (or last rewound) at that epoch
+        keeps the batches it already prefetched.
+        """
+        e = _check_int("epoch", epoch, 0)
+        if self._closed:
+            raise LoaderError(self._why_over())
+        at = e * self.length
+        same = e == self._first_epoch and self._position == at
+        self._first_epoch = e
+        self._end_epoch = None if self._epochs is None else e + self._epochs
+        self._position = at
+        if same and self._fresh and self._failed is None and not self._exhausted:
+            return
+        self._restart()
 
     def __len__(self) -> int:
         """Batches this loader yields from where it started (a resumed loader: the rest)."""
@@ -691,7 +834,7 @@ class Loader:
     def _reopen(self, **overrides: Any) -> Loader:
         """A new loader with this one's settings plus ``overrides``; takes over the source.
 
-        Added for ``headrace.mix`` (issue 6): it moves a source onto a shared budget
+        For ``headrace.mix``: it moves a source onto a shared budget
         (``budget=``), to a checkpoint (``resume=``) or into its next epoch (``epoch=``). This
         loader's threads stop; the source stays open and the new loader owns it as this one did.
         """
@@ -727,9 +870,30 @@ def _finalize(engine: _Engine, source: Source, owned: bool) -> None:
         source.close()
 
 
-def _wrap_error(result: _Result) -> HeadraceError:
-    err = result.error
-    assert err is not None
+def _detach(err: BaseException) -> None:
+    """Drop the traceback frames of ``err`` and of its causes, keeping them as a note.
+
+    A frame references the frame that called it, so a stored error raised under the consumer's
+    ``next()`` keeps that whole stack alive (the ``Loader`` in it): an abandoned loader would
+    then never be collected and its threads never stopped.
+    """
+    tb = err.__traceback__
+    if tb is not None:
+        err.add_note("traceback in the loader (most recent call last):\n"
+                     + "".join(traceback.format_tb(tb)).rstrip())
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [err]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        todo += [e.__cause__, e.__context__]
+        todo += list(getattr(e, "exceptions", ()))
+
+
+def _wrap_error(result: _Result, err: BaseException) -> HeadraceError:
     if isinstance(err, ConfigError):  # a batch over the cap: the message already says the fix
         return err
     ids = result.ids.tolist()

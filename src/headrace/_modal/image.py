@@ -283,20 +283,29 @@ class ImageLoader(LoaderWrapper):
         self._done_totals: dict[str, float] = {}
         self.last_ids = np.empty(0, np.int64)
         self._first_epoch = epoch
+        self._epochs = epochs
         self._end_epoch = None if epochs is None else epoch + epochs
         start_epoch, token = epoch, None
         if resume is not None:  # run the epoch the token is in, resumed at its position
-            tok = _checkpoint.decode(resume)
-            token = resume  # the epoch's loader validates data, seed, order and batch
-            lo, hi = loader_kw.get("start"), loader_kw.get("end")
-            span = n if lo is None or hi is None else hi - lo  # the Loader's N: [start, end)
-            if span and tok.length == span:
-                start_epoch = tok.position // span
-            if start_epoch < epoch or (self._end_epoch is not None
-                                       and start_epoch > self._end_epoch):
-                raise _checkpoint_error(tok, epoch, self._end_epoch)
+            token = _checkpoint.as_token(resume)
+            start_epoch = self._adopt(token)
         self._epoch = start_epoch
         self._last: Loader = self._open_epoch(start_epoch, token)
+
+    def _adopt(self, token: bytes) -> int:
+        """The epoch ``token`` resumes in; adopts the token's epochs (``Loader.load_state_dict``).
+
+        The epoch's own loader validates data, seed, order and batch when it opens.
+        """
+        tok = _checkpoint.decode(token)
+        lo, hi = self._kw.get("start"), self._kw.get("end")
+        n = len(self.records)
+        span = n if lo is None or hi is None else hi - lo  # the Loader's N: [start, end)
+        self._first_epoch, self._end_epoch = _checkpoint.adopt_epochs(
+            tok, first_epoch=self._first_epoch, epochs=self._epochs)
+        if span and tok.length == span:
+            return int(tok.position // span)
+        return self._first_epoch
 
     def _open_epoch(self, e: int, token: bytes | None) -> Loader:
         ld = Loader(self._source, epoch=e, epochs=1, transform=_Decoder(self._job, e), resume=token,
@@ -341,11 +350,75 @@ class ImageLoader(LoaderWrapper):
             return images, labels
 
     def _retire(self, inner: Loader) -> None:
+        """Adds a finished epoch loader's totals to the run's and closes it (once)."""
+        if inner._closed:
+            return
         s = inner.stats()
         for key, v in s.items():
             if key.endswith("_total") and isinstance(v, int | float):
                 self._done_totals[key] = self._done_totals.get(key, 0) + v
         inner.close()
+
+    def __iter__(self) -> ImageLoader:
+        """The loader itself; once every epoch was delivered a new pass raises ``LoaderError``
+        (``set_epoch(e)`` rewinds), as ``headrace.Loader``."""
+        inner = self._inner
+        if inner is not None:
+            inner.__iter__()  # raises when failed or closed
+        elif self._closed:
+            self._last.__iter__()  # the closed loader's own message
+        else:
+            last = self._end_epoch - 1 if self._end_epoch is not None else self._epoch
+            raise LoaderError(f"this image loader has delivered all its epochs (last: {last}); "
+                              "call loader.set_epoch(E) to read epoch E again, or build it "
+                              "with epochs=None (endless) or epochs=N")
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the delivered stream ends, as a JSON-able dict (see ``Loader.state_dict``)."""
+        return _checkpoint.as_state(self.checkpoint())
+
+    def load_state_dict(self, state: Any) -> None:
+        """Continue from ``state`` (a ``state_dict()`` or ``checkpoint()`` token), in place;
+        the token's epoch is adopted (see ``Loader.load_state_dict``)."""
+        if self._closed:
+            self._last.__iter__()  # raises: closed
+        token = _checkpoint.as_token(state)
+        first, end = self._first_epoch, self._end_epoch
+        try:
+            e = self._adopt(token)
+            self._switch(e, token)
+        except BaseException:
+            self._first_epoch, self._end_epoch = first, end
+            raise
+
+    def set_epoch(self, epoch: int) -> None:
+        """Rewind to the start of ``epoch``: the next ``for`` reads epochs ``epoch`` ..
+        ``epoch + epochs - 1`` (see ``Loader.set_epoch``)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer) or epoch < 0:
+            raise ConfigError(f"epoch must be an int >= 0, got {epoch!r}")
+        if self._closed:
+            self._last.__iter__()  # raises: closed
+        e = int(epoch)
+        self._first_epoch = e
+        self._end_epoch = None if self._epochs is None else e + self._epochs
+        inner = self._inner
+        if (inner is not None and self._epoch == e and inner._fresh
+                and inner.position == inner.length * e and inner._failed is None):
+            return  # nothing delivered yet from the start of that epoch: keep its prefetch
+        self._switch(e, None)
+
+    def _switch(self, e: int, token: bytes | None) -> None:
+        """Stop the running epoch's loader and open epoch ``e`` (at ``token`` if given)."""
+        ld = Loader(self._source, epoch=e, epochs=1, transform=_Decoder(self._job, e),
+                    resume=token, **self._kw)  # validates the token before anything stops
+        for old in {id(x): x for x in (self._inner, self._last) if x is not None}.values():
+            self._retire(old)
+        self._epoch = e
+        self._last = ld
+        self._inner = ld if self._end_epoch is None or e < self._end_epoch else None
+        if self._inner is None:
+            ld.close()
 
     def __len__(self) -> int:
         """Batches left to yield (counting the current epoch from where it is)."""
@@ -484,14 +557,6 @@ def _check_range(start: Any, end: Any) -> tuple[int | None, int | None]:
     if start > end:
         raise ConfigError(f"invalid range (start > end): start={start} end={end}")
     return int(start), int(end)
-
-
-def _checkpoint_error(tok: Any, first: int, end: int | None) -> Exception:
-    from headrace._base.errors import CheckpointError
-
-    span = f"[{first}, {end})" if end is not None else f">= {first}"
-    return CheckpointError(f"resume epoch mismatch: token epoch={tok.epoch} is outside this "
-                           f"loader's epochs {span}; pass epoch={tok.epoch}")
 
 
 def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | None = None,

@@ -40,6 +40,7 @@ from headrace._base.errors import (
     LoaderError,
     RecordIndexError,
 )
+from headrace._engine.lifecycle import InnerState
 from headrace._engine.loader import Loader
 from headrace._engine.timeline import TimelineMixin, timeline_period
 from headrace._pack.text import TEXT_ATTR, is_mx8_pack, pack_text
@@ -293,7 +294,7 @@ class _StreamRows:
                 "doc_ids": np.repeat(np.asarray(keep, np.int64), counts)}
 
 
-class TextLoader(TimelineMixin):
+class TextLoader(InnerState, TimelineMixin):
     """Iterates ``{"tokens", "mask", "doc_ids"}`` batches; built by :func:`text` (see it)."""
 
     _timeline_kind = "text"
@@ -348,8 +349,8 @@ class TextLoader(TimelineMixin):
     def epoch(self) -> int:
         return self._loader.epoch
 
-    def __iter__(self) -> TextLoader:
-        return self
+    def _state_loader(self) -> Loader:
+        return self._loader
 
     def __next__(self) -> dict[str, Any]:
         while True:

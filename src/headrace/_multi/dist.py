@@ -21,11 +21,11 @@ from __future__ import annotations
 import copy
 import secrets
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 from headrace._base.errors import ConfigError
 from headrace._engine.launcher import Launch, detect
+from headrace._engine.lifecycle import InnerState
 from headrace._engine.timeline import TimelineMixin, timeline_period
 
 __all__ = ["DistributedDataLoader"]
@@ -42,7 +42,7 @@ def _resume_position(token: bytes | None) -> int | None:
     return _checkpoint.decode(token).position
 
 
-class DistributedDataLoader(TimelineMixin):
+class DistributedDataLoader(InnerState, TimelineMixin):
     """This rank's share of a dataset, read in lockstep with the other ranks.
 
     Example (``torchrun --nproc_per_node=4 train.py``)::
@@ -154,8 +154,8 @@ class DistributedDataLoader(TimelineMixin):
 
     # -- delegation ----------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[Any]:
-        return self
+    def _state_loader(self) -> Any:
+        return self._loader
 
     def __next__(self) -> Any:
         try:
