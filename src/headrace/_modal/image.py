@@ -290,6 +290,7 @@ class ImageLoader(LoaderWrapper):
             token = _checkpoint.as_token(resume)
             start_epoch = self._adopt(token)
         self._epoch = start_epoch
+        self._ended = False  # the end of the stream was delivered (StopIteration raised)
         self._last: Loader = self._open_epoch(start_epoch, token)
 
     def _adopt(self, token: bytes) -> int:
@@ -321,6 +322,7 @@ class ImageLoader(LoaderWrapper):
         while True:
             inner = self._inner
             if inner is None:
+                self._ended = not self._closed
                 raise StopIteration
             try:
                 b = next(inner)
@@ -329,6 +331,7 @@ class ImageLoader(LoaderWrapper):
                 self._epoch += 1
                 if self._closed or (self._end_epoch is not None and self._epoch >= self._end_epoch):
                     self._inner = None
+                    self._ended = not self._closed
                     self._end_timeline()
                     raise StopIteration from None
                 self._last = self._open_epoch(self._epoch, None)
@@ -367,7 +370,7 @@ class ImageLoader(LoaderWrapper):
             inner.__iter__()  # raises when failed or closed
         elif self._closed:
             self._last.__iter__()  # the closed loader's own message
-        else:
+        elif self._ended:
             last = self._end_epoch - 1 if self._end_epoch is not None else self._epoch
             raise LoaderError(f"this image loader has delivered all its epochs (last: {last}); "
                               "call loader.set_epoch(E) to read epoch E again, or build it "
@@ -416,6 +419,7 @@ class ImageLoader(LoaderWrapper):
             self._retire(old)
         self._epoch = e
         self._last = ld
+        self._ended = False
         self._inner = ld if self._end_epoch is None or e < self._end_epoch else None
         if self._inner is None:
             ld.close()
