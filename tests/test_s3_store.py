@@ -14,6 +14,7 @@ from headrace import CorruptionError, LinkError, StoreExistsError
 from headrace._remote.objstore import ObjectStore, S3Options
 from headrace._remote.store import RemoteStore
 from headrace._sources.links import open_link
+from headrace._store.format import meta_bytes
 
 RNG = np.random.default_rng(0)
 FILES = {f"c{c}/{i:03d}.bin": RNG.integers(0, 256, int(RNG.integers(0, 3000)), np.uint8).tobytes()
@@ -196,7 +197,7 @@ def test_snapshot_of_a_remote_store(packed, server):
     h = headrace.resolve(url, store=packed["ms"])
     meta = json.loads(client.get("store/meta.json")[0])
     meta["generation"] += 1
-    client.put("store/meta.json", json.dumps(meta).encode())
+    client.put("store/meta.json", meta_bytes(meta))  # re-signed, as a writer's commit would
     with pytest.raises(LinkError, match=r"rewritten after its snapshot.*@refresh"):
         open_link(url, store=packed["ms"])
     assert headrace.resolve(url + "@refresh", store=packed["ms"]) != h

@@ -7,15 +7,49 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 import time
 
-from headrace._base.errors import StoreExistsError, StoreFullError, WriterBusyError
+from headrace._base.errors import CorruptionError, StoreExistsError, StoreFullError, WriterBusyError
 
-__all__ = ["acquire_lock", "copy_prefix", "discard_dir", "is_disk_full", "pwrite_all",
-           "replace_store", "store_full", "undo_dir"]
+__all__ = ["acquire_lock", "copy_prefix", "discard_dir", "file_kind", "is_disk_full",
+           "open_regular", "publish_dir", "pwrite_all", "replace_store", "store_full", "undo_dir"]
 
 _FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words (for error messages)."""
+    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"),
+                       (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def open_regular(path: str) -> int:
+    """Opens ``path`` read-only and returns the fd, refusing anything but a regular file.
+
+    ``O_NONBLOCK``: opening a FIFO for reading would otherwise wait for a writer forever, and a
+    directory or device opened as a store file would fail later with a confusing error (or hang).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        CorruptionError: ``path`` is a directory, FIFO, socket or device.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise CorruptionError(f"{path} is a {file_kind(mode)}, not a regular file; the store is "
+                              "damaged: restore that file from a backup")
+    return fd
 
 
 def pwrite_all(fd: int, data: object, offset: int) -> None:
@@ -128,6 +162,38 @@ def discard_dir(path: str, *, attempts: int = 50, pause_s: float = 0.02) -> None
             return
         time.sleep(pause_s)
     shutil.rmtree(grave)  # still there: say why
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish_dir(staging: str, out: str, *, who: str) -> None:
+    """Moves a finished store from its private ``staging`` folder to ``out`` with one rename.
+
+    Readers (and a crash) see either nothing at ``out`` or the whole store. The rename replaces
+    only a missing or empty ``out``: when another process published there first (two ranks
+    packing the same missing path), its store is kept as it is and this one is refused. The
+    caller removes ``staging`` when this raises.
+
+    Raises:
+        StoreExistsError: ``out`` was filled (by another pack) while this one was running.
+    """
+    _fsync_dir(staging)
+    try:
+        os.rename(staging, out)  # over an empty folder too (POSIX)
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise
+        raise StoreExistsError(
+            f"{who}: {out} was filled by someone else (another pack to the same path?) while "
+            "this one ran; that store was left as it is and this pack's copy was removed: open "
+            f"{out} if it holds the same data, or pack to a new path") from None
+    _fsync_dir(os.path.dirname(os.path.abspath(out)) or ".")
 
 
 def replace_store(out: str, *, overwrite: bool, who: str) -> None:

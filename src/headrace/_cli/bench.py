@@ -78,7 +78,7 @@ def open_loader(path: str, *, batch: int | None, order: str, seed: int,
     if not raw and _is_image_data(path):
         from headrace._modal.image import image
 
-        b = batch or 64
+        b = 64 if batch is None else batch
         ld = image(path, batch=b, order=order, seed=seed, epochs=None, resize=resize, **knobs)
         what = f"headrace.image(batch={b}, order={order!r}, resize={resize})"
         return ld, what
@@ -86,7 +86,7 @@ def open_loader(path: str, *, batch: int | None, order: str, seed: int,
         raise ConfigError("--resize applies to images only; drop it, or drop --raw")
     from headrace._engine.loader import Loader
 
-    b = batch or 256
+    b = 256 if batch is None else batch
     return Loader(path, batch=b, order=order, seed=seed, epochs=None, **knobs), \
         f"headrace.Loader(batch={b}, order={order!r})"
 
@@ -195,6 +195,9 @@ def cli_run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--seconds must be > 0, got {args.seconds}")
     if args.step_ms < 0:
         raise ConfigError(f"--step-ms must be >= 0, got {args.step_ms}")
+    if args.batch is not None and args.batch < 1:  # 0 must not mean "the default"
+        raise ConfigError(f"--batch must be a positive number of records, got {args.batch}; "
+                          "leave it out for the default (256; 64 for images)")
     if "://" not in args.path and not os.path.exists(args.path):  # s3://... is the loader's
         raise FileNotFoundError(f"no such dataset {args.path!r}: expected a store, an mx8 pack "
                                 "or an image folder")

@@ -8,11 +8,12 @@ subcommand is the one invoked, so ``headrace info`` never pays for importing ima
             configure="headrace._image_pack:cli_configure", run="headrace._image_pack:cli_run")
 
 ``configure(parser)`` adds arguments to the subcommand's ``argparse`` parser; ``run(args)`` returns
-the exit status. A ``HeadraceError`` escaping ``run`` is printed as one line (no traceback) and
-exits with status 2.
+the exit status. A ``HeadraceError`` or ``OSError`` escaping ``run`` is printed as one line (no
+traceback) and exits with the status below.
 
-Exit statuses: 0 success, 1 the data is bad (``verify`` found corrupt records), 2 usage error or
-the path is not a usable store, 130 interrupted.
+Exit statuses: 0 success; 1 the data is bad (``verify`` found corrupt records, or any command met
+a damaged store: ``CorruptionError``); 2 usage error, or the path is not a store / not readable
+(missing, not a directory, no permission, another writer holds the lock); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -80,22 +81,21 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 
 def store_summary(path: str) -> dict[str, Any]:
     """Sizes and utilization of a committed store, computed from meta.json and the index files."""
-    from headrace._store.format import AUX_DTYPE, INDEX_DTYPE, read_meta
+    from headrace._store.snapshot import load_snapshot
 
-    meta = read_meta(path)
+    st = load_snapshot(path)  # the files as a reader maps them: regular files only, sizes bound
+    meta = st.meta
     n = meta.length
     fields = []
     live_total = 0
     chunk_total = 0
     for entry in meta.fields:
         spec = entry.spec
-        try:
-            index = np.fromfile(os.path.join(path, entry.index), dtype=INDEX_DTYPE, count=n)
-            aux = np.fromfile(os.path.join(path, entry.aux), dtype=AUX_DTYPE, count=n)
-        except FileNotFoundError as e:
-            raise CorruptionError(f"{path}: field {spec.name!r} has lost its index file "
-                                  f"({e.filename}); run `headrace verify {path}`",
-                                  field=spec.name) from None
+        mapped = st.fields[spec.name]
+        if len(mapped.index) < n:
+            raise CorruptionError(f"{path}: field {spec.name!r} has lost (part of) its index or "
+                                  f"aux file; run `headrace verify {path}`", field=spec.name)
+        index, aux = mapped.index, mapped.aux
         stored = int(index["length"].sum(dtype=np.int64))
         decoded = int(aux["nbytes"].sum(dtype=np.int64))
         chunks = [c for c in meta.chunks if c.field == spec.name]
@@ -299,18 +299,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     try:
         return int(_resolve(args._run)(args))
+    except CorruptionError as e:
+        print(f"headrace {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_BAD_DATA
     except HeadraceError as e:
         print(f"headrace {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except (FileNotFoundError, NotADirectoryError, PermissionError) as e:
+    except BrokenPipeError:  # `headrace info x | head`: the reader left; exit quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BAD_DATA
+    except OSError as e:  # unreadable paths, a full disk: one line, not a traceback
         print(f"headrace {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"headrace {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except BrokenPipeError:  # `headrace info x | head`: the reader left; exit quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_BAD_DATA
 
 
 if __name__ == "__main__":

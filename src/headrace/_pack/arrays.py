@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import mmap
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
@@ -22,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from headrace._base.errors import ConfigError, SchemaError, StoreExistsError
-from headrace._base.fsutil import undo_dir
+from headrace._base.fsutil import publish_dir
 from headrace._base.progress import progress as _progress_bar
 from headrace._pack import parallel as _parallel_pack
 
@@ -256,33 +258,36 @@ def pack_arrays(out: str | os.PathLike[str], *, codec: str | Mapping[str, str] =
     specs = {s.name: s.spec(codecs[s.name]) for s in sources}
 
     out_path = Path(out)
-    created = not out_path.exists()
-    # An empty directory is ours to fill, and to empty again on failure; anything else is not.
-    was_empty = out_path.is_dir() and not any(out_path.iterdir())
+    if out_path.exists() and (not out_path.is_dir() or any(out_path.iterdir())):
+        raise StoreExistsError(f"cannot create a store at {out_path}: it exists and is not "
+                               "an empty directory; pick a new path")
     row_bytes = max(1, sum(s.row_bytes for s in sources))
     rows_per_step = max(1, slice_bytes // row_bytes)
     tasks = _parallel_pack.plan_array_tasks(sources, n, row_bytes, workers=workers,
                                             executor=executor)
     if _parallel_pack.use_parallel(tasks, executor):
-        if out_path.exists() and not was_empty:
-            raise StoreExistsError(f"cannot create a store at {out_path}: it exists and is not "
-                                   "an empty directory; pick a new path")
         _parallel_pack.pack_sources(os.path.abspath(out_path), sources=sources, specs=specs,
                                     chunk_mb=chunk_mb, rows_per_step=rows_per_step, tasks=tasks,
                                     workers=workers, executor=executor, progress=progress)
         return {"path": str(out_path), "samples": n, "fields": specs,
                 "bytes_written": _dir_bytes(out_path), "seconds": time.perf_counter() - t0}
+    # Built in a private sibling folder and published with one rename: a kill leaves nothing at
+    # ``out`` (never an empty or half-written store), and two packs to the same path cannot
+    # touch each other's files (the second to finish is refused, the first's store kept).
+    target = os.path.abspath(out_path)
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(target)}.partial-")
     try:
-        with create(out_path, fields=specs, chunk_mb=chunk_mb) as writer, _progress_bar(
+        with create(staging, fields=specs, chunk_mb=chunk_mb) as writer, _progress_bar(
                 n * row_bytes, desc=f"pack {out_path.name}", unit="B", enabled=progress) as bar:
             for start in range(0, n, rows_per_step):
                 stop = min(n, start + rows_per_step)
                 writer.append({s.name: s.read(start, stop) for s in sources})
                 bar.update((stop - start) * row_bytes)
+        publish_dir(staging, target, who="pack_arrays")
     except BaseException:
-        # Leave no half-written store behind to block a retry (only what this call made).
-        if created or was_empty:
-            undo_dir(out_path, made=created)
+        shutil.rmtree(staging, ignore_errors=True)
         raise
     return {
         "path": str(out_path),

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from headrace._base.errors import ConfigError, StoreExistsError
+from headrace._base.fsutil import publish_dir
 from headrace._base.progress import progress as progress_bar
 from headrace._pack import parallel as _parallel_pack
 from headrace._remote.links import parse_link
@@ -193,9 +194,7 @@ def _pack_local(source: RawSource, out: str, *, bar: Any, workers: int | None = 
     staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.partial-")
     try:
         _build(source, staging, bar=bar, **kw)
-        if os.path.isdir(out):
-            os.rmdir(out)  # empty (checked above)
-        os.rename(staging, out)
+        publish_dir(staging, out, who="pack")
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from headrace._base.errors import ConfigError, PackWorkerError
-from headrace._base.fsutil import discard_dir
+from headrace._base.fsutil import discard_dir, publish_dir
 from headrace._base.progress import progress as progress_bar
 from headrace._store import format as _format
 from headrace._store.folio_writes import FOLIO_BYTES
@@ -361,9 +361,7 @@ def run_parts(out: str, *, ranges: Sequence[tuple[int, int]],
             extra_files(staging)
         chunks = _merge(staging, results, specs, chunk_mb, attrs)
         shutil.rmtree(parts_dir)
-        _format.fsync_dir(staging)
-        os.rename(staging, out)  # over an empty folder too (POSIX)
-        _format.fsync_dir(parent)
+        publish_dir(staging, out, who=desc)
         return chunks
     except BaseException:
         for fut in pending.values():

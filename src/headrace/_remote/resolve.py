@@ -20,6 +20,7 @@ from typing import Any
 from headrace._base.errors import ConfigError, LinkError
 from headrace._remote.links import Link, parse_link
 from headrace._remote.manifest import Manifest, ManifestStore
+from headrace._store.format import read_meta, store_leftovers
 
 __all__ = ["Snapshot", "list_base", "resolve", "resolve_manifest_hash", "snapshot"]
 
@@ -41,7 +42,7 @@ def _hidden(rel: str) -> bool:
 def _store_state(meta_bytes: bytes, where: str) -> dict[str, int] | None:
     try:
         meta = json.loads(meta_bytes)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(meta, dict) or meta.get("format") != "headrace-store":
         return None
@@ -62,6 +63,8 @@ def _list_local(base: str, *, recursive: bool) -> Manifest:
             state = _store_state(f.read(), base)
         if state is not None:
             return Manifest.for_store(**state)
+    elif os.path.lexists(meta) or store_leftovers(base):
+        read_meta(base)  # a damaged store (meta.json not a file, or lost): never raw files
     entries: list[tuple[str, int, str, int]] = []
     for dirpath, dirnames, filenames in os.walk(base):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")) if recursive else []

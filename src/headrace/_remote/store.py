@@ -20,7 +20,6 @@ covers the whole transient footprint of a gather.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -39,7 +38,7 @@ from headrace._store.format import (
     FieldSpec,
     Meta,
     chunk_name,
-    meta_from_json,
+    parse_meta_bytes,
 )
 from headrace._store.reader import Ragged, pick_fields, record_ids
 
@@ -145,11 +144,7 @@ class RemoteStore:
             from headrace._base.errors import NotAStoreError
 
             raise NotAStoreError(f"{self.url} is not a headrace store: it has no meta.json") from None
-        try:
-            doc = json.loads(raw)
-        except ValueError as e:
-            raise CorruptionError(f"{self.url}/meta.json is not valid JSON ({e})") from e
-        return meta_from_json(doc, path=self.url)
+        return parse_meta_bytes(bytes(raw), path=self.url)
 
     def _load_field(self, spec: FieldSpec, index_name: str, aux_name: str) -> _Field:
         length = self.meta.length

@@ -21,6 +21,7 @@ import numpy as np
 
 from headrace._base.errors import ConfigError
 from headrace._store.fingerprint import store_fingerprint
+from headrace._store.format import looks_like_store
 
 __all__ = ["ArraySource", "Source", "StoreSource", "open_source", "register_source"]
 
@@ -169,8 +170,13 @@ def _is_store(data: Any) -> bool:
 
 
 def _is_store_dir(data: Any) -> bool:
-    return (isinstance(data, str | os.PathLike)
-            and os.path.isfile(os.path.join(os.fspath(data), "meta.json")))
+    # Also a folder that only a store could have left (no meta.json, but chunks/ and index files
+    # from a killed pack): opening it as a store says it is damaged, instead of yielding the
+    # store's own files as records.
+    if not isinstance(data, str | os.PathLike):
+        return False
+    path = os.fspath(data)
+    return isinstance(path, str) and os.path.isdir(path) and looks_like_store(path)
 
 
 def _open_store(data: Any, *, fields: list[str] | str | None = None,

@@ -28,6 +28,7 @@ import numpy as np
 
 from headrace._base.errors import ConfigError, CorruptionError, RecordIndexError
 from headrace._sources.walk import list_files
+from headrace._store.format import looks_like_store
 
 __all__ = ["IMAGE_EXTENSIONS", "LABELS_FILE", "FolderImages", "ImageRecords", "Mx8PackImages", "RawImages",
            "Scan", "ScannedFolder", "StoreImages", "check_record_ids", "decode_label",
@@ -737,7 +738,7 @@ def is_image_folder(data: Any) -> bool:
     if not isinstance(data, str | os.PathLike):
         return False
     p = os.fspath(data)
-    return (os.path.isdir(p) and not os.path.isfile(os.path.join(p, "meta.json"))
+    return (os.path.isdir(p) and not looks_like_store(p)
             and not is_mx8_pack(p) and _has_image(p, 1))
 
 

@@ -23,6 +23,7 @@ from headrace._remote.resolve import snapshot
 from headrace._remote.store import RemoteStore
 from headrace._sources.base import Source, StoreSource, register_source
 from headrace._sources.raw import RawSource
+from headrace._store.format import looks_like_store
 
 __all__ = ["can_open_link", "open_link"]
 
@@ -44,7 +45,7 @@ def can_open_link(data: Any) -> bool:
     suffix = text.rpartition("@")[2]
     if "@" in text and "/" not in suffix and (suffix == "refresh" or suffix.startswith("sha256:")):
         return True
-    if not os.path.isdir(text) or os.path.isfile(os.path.join(text, "meta.json")):
+    if not os.path.isdir(text) or looks_like_store(text):
         return False
     # A plain local folder is ours only when no other kind (image folder, mx8 pack) claims it,
     # whatever order the modules registered in.

@@ -1,4 +1,4 @@
-"""The on-disk format of a headrace store, version 1 (``docs/format.md`` describes it in prose).
+"""The on-disk format of a headrace store, version 2 (``docs/format.md`` describes it in prose).
 
 Everything that fixes a byte layout lives here: the index/aux entry dtypes (explicit little-endian),
 the ``meta.json`` schema and its parser, file names, the per-record size limit and ``FieldSpec``.
@@ -15,9 +15,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import google_crc32c
 import numpy as np
 
 from headrace._base.errors import CorruptionError, FormatVersionError, NotAStoreError, SchemaError
+from headrace._base.fsutil import open_regular
 from headrace._store.codecs import check_codec
 
 __all__ = [
@@ -36,7 +38,9 @@ __all__ = [
 ]
 
 FORMAT_NAME = "headrace-store"
-FORMAT_VERSION = 1
+# 2: meta.json ends with a crc32c of every byte before it. Version 1 stores (no checksum) still read.
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)
 META_NAME = "meta.json"
 META_TMP_NAME = "meta.json.tmp"
 LOCK_NAME = ".lock"
@@ -210,11 +214,42 @@ class Meta:
         return [f.spec.name for f in self.fields]
 
 
-def _nonneg_int(obj: dict[str, Any], key: str, where: str) -> int:
+def _nonneg_int(obj: dict[str, Any], key: str, where: str, limit: int = 2**63 - 1) -> int:
     v = obj.get(key)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise ValueError(f"{where}: {key!r} must be a non-negative integer, got {v!r}")
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= limit:
+        raise ValueError(f"{where}: {key!r} must be an integer in [0, {limit}], got {v!r:.40}")
     return v
+
+
+def _obj(v: Any, where: str) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise ValueError(f"{where} must be a JSON object, got {type(v).__name__}")
+    return v
+
+
+def _list(v: Any, where: str) -> list[Any]:
+    if not isinstance(v, list):
+        raise ValueError(f"{where} must be a JSON list, got {type(v).__name__}")
+    return v
+
+
+def _shape(v: Any, where: str) -> tuple[int, ...] | None:
+    if v is None:
+        return None
+    dims = _list(v, where)
+    if len(dims) > 32 or not all(isinstance(d, int) and not isinstance(d, bool)
+                                 and 0 <= d < 2**32 for d in dims):
+        raise ValueError(f"{where} must be null or a list of at most 32 integers in [0, 2**32)")
+    return tuple(dims)
+
+
+def _dtype(text: str) -> np.dtype[Any]:
+    if len(text) > 64:
+        raise ValueError(f"dtype {text[:64]!r}... is not a dtype this format writes")
+    try:
+        return np.dtype(text)
+    except Exception as e:  # NumPy parses dtype strings with several error types
+        raise ValueError(f"dtype {text!r} is not a NumPy dtype ({type(e).__name__})") from None
 
 
 def meta_from_json(doc: Any, *, path: str) -> Meta:
@@ -223,48 +258,135 @@ def meta_from_json(doc: Any, *, path: str) -> Meta:
         raise NotAStoreError(
             f"{path} is not a headrace store: its meta.json has no \"format\": {FORMAT_NAME!r}")
     version = doc.get("version")
-    if isinstance(version, int) and version > FORMAT_VERSION:
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
         raise FormatVersionError(
             f"{path} uses store format version {version}, but this headrace reads versions up to "
             f"{FORMAT_VERSION}; upgrade headrace (pip install -U headrace) to read it")
     try:
-        if version != FORMAT_VERSION:
-            raise ValueError(f"unknown format version {version!r}")
+        if version not in READ_VERSIONS or isinstance(version, bool):
+            raise ValueError(f"unknown format version {version!r:.40}")
         fields = []
         names: set[str] = set()
-        for f in doc["fields"]:
-            spec = FieldSpec(f["name"], np.dtype(f["dtype"]),
-                             None if f["shape"] is None else tuple(f["shape"]), f["codec"])
+        for k, f in enumerate(_list(doc.get("fields"), "fields")):
+            f = _obj(f, f"fields[{k}]")
+            if not isinstance(f.get("dtype"), str) or not isinstance(f.get("codec"), str):
+                raise ValueError(f"fields[{k}]: dtype and codec must be strings")
+            spec = FieldSpec(f.get("name"), _dtype(f["dtype"]),  # type: ignore[arg-type]
+                             _shape(f.get("shape", 0), f"fields[{k}].shape"), f["codec"])
             if spec.name in names:
                 raise ValueError(f"field {spec.name!r} listed twice")
             names.add(spec.name)
             for key in ("index", "aux"):
-                if not isinstance(f[key], str) or not INDEX_FILE.match(f[key]):
-                    raise ValueError(f"field {spec.name!r}: bad {key} file name {f[key]!r}")
+                if not isinstance(f.get(key), str) or not INDEX_FILE.match(f[key]):
+                    raise ValueError(f"field {spec.name!r}: bad {key} file name {f.get(key)!r:.120}")
             fields.append(FieldEntry(spec, f["index"], f["aux"]))
         chunks = []
         seen: set[int] = set()
-        for c in doc["chunks"]:
-            cid = _nonneg_int(c, "id", "chunk")
-            if cid in seen or cid > 2**32 - 1:
-                raise ValueError(f"chunk id {cid} repeated or out of range")
+        for k, c in enumerate(_list(doc.get("chunks"), "chunks")):
+            c = _obj(c, f"chunks[{k}]")
+            cid = _nonneg_int(c, "id", f"chunks[{k}]", 2**32 - 1)
+            if cid in seen:
+                raise ValueError(f"chunk id {cid} repeated")
             seen.add(cid)
-            if c.get("field") not in names:
-                raise ValueError(f"chunk {cid} belongs to unknown field {c.get('field')!r}")
+            if not isinstance(c.get("field"), str) or c["field"] not in names:
+                raise ValueError(f"chunk {cid} belongs to unknown field {c.get('field')!r:.120}")
             chunks.append(ChunkInfo(cid, c["field"], _nonneg_int(c, "size", f"chunk {cid}")))
-        attrs = doc.get("attrs", {})
-        if not isinstance(attrs, dict):
-            raise ValueError("attrs must be an object")
+        attrs = _obj(doc.get("attrs", {}), "attrs")
         return Meta(
             length=_nonneg_int(doc, "length", "meta"),
             generation=_nonneg_int(doc, "generation", "meta"),
             commit=_nonneg_int(doc, "commit", "meta"),
             chunk_bytes=max(1, _nonneg_int(doc, "chunk_bytes", "meta")),
             fields=tuple(fields), chunks=tuple(chunks), attrs=attrs)
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, SchemaError) as e:
         raise CorruptionError(
             f"{os.path.join(path, META_NAME)} is damaged ({type(e).__name__}: {e}); restore it "
             "from a backup, or run `headrace verify` to see what else is affected") from e
+
+
+# A meta.json of a million chunks is ~50 MB; anything past this is damage, not a store.
+MAX_META_BYTES = 1 << 30
+# Version 2: the document's last key, covering every byte before the comma that precedes it.
+_CHECKSUM_KEY = b',\n "checksum": "crc32c:'
+_CHECKSUM_TAIL = re.compile(rb',\n "checksum": "crc32c:([0-9a-f]{8})"\n\}\n?\Z')
+
+
+def meta_bytes(doc: dict[str, Any]) -> bytes:
+    """The bytes of ``meta.json`` for ``doc``: its JSON, then a crc32c of those bytes as the
+    last key, so that any changed byte (an edited number, a duplicated key) is detected."""
+    body = json.dumps({k: v for k, v in doc.items() if k != "checksum"}, indent=1).encode()
+    assert body.endswith(b"\n}")
+    head = body[:-2]
+    return head + _CHECKSUM_KEY + b"%08x" % google_crc32c.value(head) + b'"\n}\n'
+
+
+def parse_meta_bytes(raw: bytes, *, path: str) -> Meta:
+    """Checks and parses the bytes of a ``meta.json`` (local or fetched from S3).
+
+    Raises:
+        NotAStoreError: not a headrace store's meta.json.
+        FormatVersionError: written by a newer headrace.
+        CorruptionError: damaged (not JSON, checksum mismatch, bad values).
+    """
+    where = os.path.join(path, META_NAME)
+    fix = "restore it from a backup, or run `headrace verify` to see what else is affected"
+    if len(raw) > MAX_META_BYTES:
+        raise CorruptionError(f"{where} is {len(raw)} bytes, far more than any store's; it is "
+                              f"damaged: {fix}")
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        # ValueError also covers an integer too long to convert (sys.int_info limits), and
+        # RecursionError arrays or objects nested too deep: neither is a meta.json we wrote.
+        what = "nested too deep" if isinstance(e, RecursionError) else str(e)[:200]
+        raise CorruptionError(f"{where} is not valid JSON ({what}); {fix}") from None
+    if isinstance(doc, dict) and doc.get("format") == FORMAT_NAME and doc.get("version") == 2:
+        m = _CHECKSUM_TAIL.search(raw, max(0, len(raw) - 64))
+        if m is None or doc.get("checksum") != "crc32c:" + m.group(1).decode():
+            raise CorruptionError(f"{where} has lost its checksum (the last key, \"checksum\"); "
+                                  f"it was cut short or edited: {fix}")
+        got = google_crc32c.value(raw[:m.start()])
+        if got != int(m.group(1), 16):
+            raise CorruptionError(f"{where} does not match its checksum (crc32c {got:08x}, "
+                                  f"stored {m.group(1).decode()}); its bytes changed: {fix}")
+    return meta_from_json(doc, path=path)
+
+
+def store_leftovers(path: str) -> list[str]:
+    """Names in ``path`` that only a store holds, when ``path`` has no ``meta.json``.
+
+    A create or pack killed before its first commit leaves a ``chunks/`` folder (only ``<id>.zr``
+    files in it) next to the writer's ``.lock``, ``<field>.index``/``.aux`` files or a
+    ``meta.json.tmp``. Such a folder is a damaged store, never a folder of data files to read.
+    Empty when the folder does not look like one.
+    """
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return []
+    found = []
+    cdir = os.path.join(path, CHUNK_DIR)
+    if CHUNK_DIR in names and os.path.isdir(cdir) and not os.path.islink(cdir):
+        try:
+            inside = os.listdir(cdir)
+        except OSError:
+            inside = []
+        if all(CHUNK_FILE.match(n) for n in inside):
+            found.append(CHUNK_DIR + "/")
+    stems = {n.rsplit(".", 1)[0] for n in names if n.endswith(".index") and INDEX_FILE.match(n)}
+    found += sorted(n for n in names if INDEX_FILE.match(n) and n.rsplit(".", 1)[0] in stems
+                    and n.endswith(".aux"))
+    found += sorted(f"{s}.index" for s in stems if f"{s}.aux" in names)
+    found += [n for n in (LOCK_NAME, META_TMP_NAME) if n in names]
+    if META_TMP_NAME in found or (CHUNK_DIR + "/" in found and len(found) >= 2):
+        return found
+    return []
+
+
+def looks_like_store(path: str) -> bool:
+    """``path`` is a store folder (it has a ``meta.json`` of any kind), or one damaged before
+    its first commit (``store_leftovers``): it is opened as a store, never read as raw files."""
+    return os.path.lexists(os.path.join(path, META_NAME)) or bool(store_leftovers(path))
 
 
 def read_meta(path: str) -> Meta:
@@ -273,19 +395,36 @@ def read_meta(path: str) -> Meta:
     if not os.path.isdir(path):
         raise NotAStoreError(f"{path} is not a headrace store: no such directory")
     try:
-        with open(meta_path, "rb") as f:
-            raw = f.read()
+        fd = open_regular(meta_path)
     except FileNotFoundError:
+        left = store_leftovers(path)
+        if left:
+            raise CorruptionError(
+                f"{path} holds store files ({', '.join(left[:6])}) but no meta.json, so it is "
+                "a damaged store (a create or pack killed before its first commit leaves this, as "
+                "does a lost meta.json); delete the folder and pack again, or restore meta.json "
+                "from a backup") from None
         raise NotAStoreError(
             f"{path} is not a headrace store: it has no meta.json; create one with "
             "headrace.create() or headrace.pack_arrays()") from None
+    except IsADirectoryError:  # an O_RDONLY open of a folder only fails on odd platforms
+        raise CorruptionError(f"{meta_path} is a directory, not a regular file; the store is "
+                              "damaged") from None
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CorruptionError(
-            f"{meta_path} is not valid JSON ({e}); restore it from a backup, or run "
-            "`headrace verify` to see what else is affected") from e
-    return meta_from_json(doc, path=path)
+        size = os.fstat(fd).st_size
+        if size > MAX_META_BYTES:
+            raise CorruptionError(f"{meta_path} is {size} bytes, far more than any store's; it "
+                                  "is damaged: restore it from a backup")
+        chunks = []
+        while True:
+            b = os.read(fd, 1 << 20)
+            if not b:
+                break
+            chunks.append(b)
+        raw = b"".join(chunks)
+    finally:
+        os.close(fd)
+    return parse_meta_bytes(raw, path=path)
 
 
 def fsync_dir(path: str) -> None:
@@ -299,7 +438,7 @@ def fsync_dir(path: str) -> None:
 
 def write_meta(path: str, meta: Meta) -> None:
     """Atomically replaces ``meta.json``: temp file, fsync, rename, fsync of the directory."""
-    data = json.dumps(meta.to_json(), indent=1).encode()
+    data = meta_bytes(meta.to_json())
     tmp = os.path.join(path, META_TMP_NAME)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:

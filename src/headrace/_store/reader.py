@@ -35,6 +35,7 @@ from headrace._store.snapshot import (
     corrupt,
     fetch,
     load_snapshot,
+    row_slots,
     sequential_layout,
 )
 
@@ -254,8 +255,7 @@ class Store:
         if len(f.index) < st.meta.length:
             short = idx >= len(f.index)
             if short.any():
-                raise corrupt(f.spec, idx[short], "the index or aux file is shorter than N "
-                               "(truncated), so these entries are missing")
+                raise _short(st, f, idx[short])
         todo = idx if self.verify != "first" else idx[check]
         if len(todo) == len(idx):
             bad, cid, off, ln, nb, crc = check_entries(st, f, idx)
@@ -352,11 +352,12 @@ class Store:
                 # default "raise" it skips a per-index bounds check
                 return self._as_fixed(f, vrows.take(layout.rows(idx), axis=0, mode="clip"))
             ent = f.index_u4.take(idx, axis=0).T.copy()  # rows: chunk, offset lo, hi, length
+            first = vstart.take(ent[0] if st.chunk_ids is None else row_slots(st, ent[0]))
             if small:  # every chunk is under 4 GiB: valid offsets fit the low word
-                rows = vstart.take(ent[0]) + ent[1] // f.rec
+                rows = first + ent[1] // f.rec
             else:
                 off = ent[1].astype(np.int64) | (ent[2].astype(np.int64) << 32)
-                rows = vstart.take(ent[0]) + off // f.rec
+                rows = first + off // f.rec
             got = vrows.take(rows, axis=0)
             if np.count_nonzero(ent[3]) != len(idx):  # absent records read as zeros
                 got[ent[3] == 0] = 0
@@ -510,7 +511,7 @@ class Store:
         virtual = st.vrows.get(f.spec.name)
         if virtual is not None:  # all chunks back to back: one take, like a single .npy memmap
             vrows, vstart, _small = virtual
-            out = vrows.take(vstart[cid] + row, axis=0)
+            out = vrows.take(vstart[row_slots(st, cid)] + row, axis=0)
             if absent.any():
                 out[absent] = 0
             return self._check_fixed(st, f, idx, out, absent, crc, check)
@@ -547,7 +548,12 @@ class Store:
                 total += f.rec * len(idx)
             else:
                 if len(f.aux) < st.meta.length and idx.size and idx.max() >= len(f.aux):
-                    raise corrupt(f.spec, idx[idx >= len(f.aux)], "the aux file is truncated")
+                    raise _short(st, f, idx[idx >= len(f.aux)])
+                # Sizes not verified yet are checked as a gather would: a damaged ``nbytes`` is
+                # reported as corruption, not as a batch of gigabytes to budget for.
+                check = self._to_check(st, f, idx)
+                if len(check) or self.verify == "never":
+                    self._entries(st, f, idx, check)
                 total += int(f.aux["nbytes"][idx].sum(dtype=np.int64))
         return total
 
@@ -590,6 +596,15 @@ class Store:
         if len(check):
             self._check_crcs(st, f, idx, check, crc, [views[j] for j in check.tolist()])
         return views
+
+
+def _short(st: Snapshot, f: MappedField, ids: np.ndarray) -> Exception:
+    """The error for records past the end of a field's (truncated or lost) index or aux file."""
+    fe = st.meta.fields[f.fidx]
+    lost = [p for p in st.missing if os.path.basename(p) in (fe.index, fe.aux)]
+    why = (f"{', '.join(lost)} is missing or not a regular file" if lost else
+           "the index or aux file is shorter than N (truncated)")
+    return corrupt(f.spec, ids, f"{why}, so these entries are missing")
 
 
 def _lists(pos: np.ndarray | None, *cols: np.ndarray) -> list[list[int]]:

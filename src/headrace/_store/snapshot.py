@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -18,13 +19,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from headrace._base.errors import CorruptionError
+from headrace._base.fsutil import open_regular
 from headrace._store import format as _format
 from headrace._store.codecs import Codec, get_codec
 from headrace._store.format import AUX_DTYPE, INDEX_DTYPE, FieldSpec, Meta
 from headrace._store.vmap import map_concat
 
-__all__ = ["MappedField", "Snapshot", "Verified", "check_entries", "corrupt", "fetch",
-           "load_snapshot"]
+__all__ = ["MappedField", "Snapshot", "Verified", "check_entries", "chunk_slots", "corrupt",
+           "fetch", "load_snapshot", "row_slots"]
 
 _MAP_RETRIES = 20  # a concurrent commit may unlink files between reading meta.json and mapping them
 NOPOS = np.zeros(0, np.int64)
@@ -78,22 +80,25 @@ class Verified:
 def _map_file(path: str, size: int, missing: list[str] | None = None) -> np.ndarray:
     """Read-only uint8 view of the first ``size`` bytes (fewer if the file is shorter).
 
-    A missing file maps as empty (and is listed in ``missing``): the damage then surfaces as a
-    ``CorruptionError`` naming the records that need it, and the rest of the store stays readable.
+    A missing file, or something else in its place (a directory, a FIFO), maps as empty (and is
+    listed in ``missing``): the damage then surfaces as a ``CorruptionError`` naming the records
+    that need it, and the rest of the store stays readable.
     """
     try:
-        f = open(path, "rb")  # noqa: SIM115 (closed below; the mapping outlives the fd)
-    except FileNotFoundError:
+        fd = open_regular(path)
+    except (FileNotFoundError, CorruptionError):
         if missing is None:
             raise
         missing.append(path)
         return np.empty(0, np.uint8)
-    with f:
-        avail = min(size, os.fstat(f.fileno()).st_size)
+    try:
+        avail = min(size, os.fstat(fd).st_size)
         if avail <= 0:
             arr = np.empty(0, np.uint8)
         else:
-            arr = np.frombuffer(mmap.mmap(f.fileno(), avail, access=mmap.ACCESS_READ), np.uint8)
+            arr = np.frombuffer(mmap.mmap(fd, avail, access=mmap.ACCESS_READ), np.uint8)
+    finally:
+        os.close(fd)  # the mapping outlives the fd
     arr.flags.writeable = False
     return arr
 
@@ -116,21 +121,49 @@ class Snapshot:
     meta: Meta
     fields: dict[str, MappedField]
     chunks: dict[int, np.ndarray]  # id -> uint8 view of the committed bytes actually present
-    chunk_size: np.ndarray  # int64 by chunk id: usable bytes, -1 where no chunk has that id
-    chunk_field: np.ndarray  # int64 by chunk id: field number, -1 where none
+    # The per-chunk tables below are indexed by chunk id while ids are dense (what writers make);
+    # when they are sparse (``chunk_ids`` is the sorted array of ids) by the id's position in
+    # ``chunk_ids`` instead, so memory follows the chunks that exist, never the largest id.
+    # ``chunk_slots`` turns ids into table positions either way.
+    chunk_size: np.ndarray  # int64 by slot: usable bytes, -1 where no chunk has that id
+    chunk_field: np.ndarray  # int64 by slot: field number, -1 where none
     rows: dict[int, np.ndarray]  # chunk id -> 2-D (rows, rec) view, fixed-shape raw fields only
-    # field -> (2-D rows over ALL its chunks mapped back to back, row start by chunk id, every chunk
+    # field -> (2-D rows over ALL its chunks mapped back to back, row start by slot, every chunk
     # under 4 GiB); fixed-shape raw fields where _vmap works: a gather is then one take, whatever
     # the number of chunks
     vrows: dict[str, tuple[np.ndarray, np.ndarray, bool]]
-    # field -> usable bytes by chunk id (-1: no such chunk, or another field's), one extra -1 at the
-    # end for every id past the last chunk
+    # field -> usable bytes by slot (-1: no such chunk, or another field's), one extra -1 at the
+    # end for every id past the last chunk (or, when sparse, that names no chunk)
     limits: dict[str, np.ndarray]
     verified: Verified = field(default_factory=lambda: Verified({}, 0))
     views: dict[int, memoryview] = field(default_factory=dict)  # chunk id -> memoryview of chunks
     # field -> (first record id of each run, virtual-row shift of each run) when the field's index
     # is the plain appended layout, else None; computed once per snapshot (see sequential_layout)
     layouts: dict[str, Layout | None] = field(default_factory=dict)
+    chunk_ids: np.ndarray | None = None  # sorted chunk ids when they are sparse, else None
+    missing: tuple[str, ...] = ()  # files meta.json names that are missing or not regular files
+
+
+def chunk_slots(st: Snapshot, cid: np.ndarray) -> np.ndarray:
+    """Table positions of chunk ids ``cid``: ``len(st.chunk_size)`` for ids that name no chunk."""
+    ids = st.chunk_ids
+    if ids is None:
+        return np.minimum(cid, len(st.chunk_size))
+    pos = np.searchsorted(ids, cid)
+    pos[ids.take(pos, mode="clip") != cid] = len(ids)
+    return pos
+
+
+def row_slots(st: Snapshot, cid: np.ndarray) -> np.ndarray:
+    """``chunk_slots`` of ids already checked to name chunks (the identity while ids are dense)."""
+    return cid if st.chunk_ids is None else chunk_slots(st, cid)
+
+
+# A decoded record can be at most this many times its stored size, plus a constant, for a valid
+# record of each codec: zstd blocks decode to <= 128 KiB from >= 4 bytes, an LZ4 length byte adds
+# <= 255 bytes, deflate's best is 258 bytes from ~2 bits. A larger ``nbytes`` is corruption (never
+# a reason to budget gigabytes). Codecs not listed here are not bounded.
+MAX_EXPANSION = {"zstd": (32768, 1 << 17), "lz4": (256, 64), "deflate": (1040, 1024)}
 
 
 # Scanning a larger index once to prove it sequential costs more than it would save.
@@ -189,10 +222,11 @@ def sequential_layout(st: Snapshot, name: str) -> Layout | None:
         ent = f.index_u4
         cid = ent[:, 0].astype(np.int64)
         off = ent[:, 1].astype(np.int64) | (ent[:, 2].astype(np.int64) << 32)
+        slot = chunk_slots(st, cid)
         ok = bool((ent[:, 3] == f.rec).all()) and bool((off % f.rec == 0).all()) \
-            and bool((cid < len(vstart)).all())
+            and bool((slot < len(vstart)).all())
         if ok:
-            start = vstart[cid]
+            start = vstart[slot]
             ok = bool((start >= 0).all())
             if ok:
                 rows = start + off // f.rec
@@ -215,8 +249,24 @@ def load_snapshot(path: str) -> Snapshot:
         # Files missing because a writer committed (and unlinked them) since we read meta.json:
         # load the newer commit. Missing with meta.json unchanged: damage, reported per record.
         if not missing or attempt == _MAP_RETRIES - 1 or _format.read_meta(path).commit == meta.commit:
+            _check_length(path, state)
             return state
     raise AssertionError("unreachable")
+
+
+def _check_length(path: str, st: Snapshot) -> None:
+    """N is bounded by what the files hold: some field's index and aux must hold N entries.
+
+    (One field's short index is reported per record; N past every field's means ``length`` in
+    ``meta.json`` is damaged, and trusting it would size per-record state by a made-up number.)
+    """
+    n = st.meta.length
+    held = max((min(len(f.index), len(f.aux)) for f in st.fields.values()), default=0)
+    if n > held:
+        raise CorruptionError(
+            f"{os.path.join(path, _format.META_NAME)} commits {n} records, but no field's index "
+            f"and aux files hold more than {held}; the store is damaged: restore it from a backup, "
+            "or run `headrace verify` to see what else is affected")
 
 
 def _map_snapshot(path: str, meta: Meta, missing: list[str]) -> Snapshot:
@@ -234,7 +284,14 @@ def _map_snapshot(path: str, meta: Meta, missing: list[str]) -> Snapshot:
             spec, fidx, get_codec(spec.codec), rec, ib.view(INDEX_DTYPE), ab.view(AUX_DTYPE),
             ib.view("<u4").reshape(m, 4), ab.view("<u4").reshape(m, 2),
             plain=spec.dtype == np.uint8 and spec.shape == (rec,))
-    top = max((c.id for c in meta.chunks), default=-1) + 1
+    ids = sorted(c.id for c in meta.chunks)
+    chunk_ids: np.ndarray | None = None
+    top = ids[-1] + 1 if ids else 0
+    slot = {c.id: c.id for c in meta.chunks}
+    if top > 2 * len(ids) + 4096:  # sparse ids: tables by position, not by id
+        chunk_ids = np.array(ids, np.int64)
+        top = len(ids)
+        slot = {cid: k for k, cid in enumerate(ids)}
     chunk_size = np.full(top, -1, np.int64)
     chunk_field = np.full(top, -1, np.int64)
     chunks: dict[int, np.ndarray] = {}
@@ -242,7 +299,7 @@ def _map_snapshot(path: str, meta: Meta, missing: list[str]) -> Snapshot:
     vrows: dict[str, tuple[np.ndarray, np.ndarray, bool]] = {}
     fnum = {fe.spec.name: i for i, fe in enumerate(meta.fields)}
     for c in meta.chunks:
-        chunk_field[c.id] = fnum[c.field]
+        chunk_field[slot[c.id]] = fnum[c.field]
     for name, f in fields.items():
         mine = [c for c in meta.chunks if c.field == name]
         if f.rec > 0 and f.spec.codec == "raw" and mine:
@@ -254,8 +311,8 @@ def _map_snapshot(path: str, meta: Meta, missing: list[str]) -> Snapshot:
                 vstart = np.full(top, -1, np.int64)
                 for c, start, k in zip(mine, starts, sizes, strict=True):
                     chunks[c.id] = arr[start:start + k]
-                    chunk_size[c.id] = k
-                    vstart[c.id] = start // f.rec
+                    chunk_size[slot[c.id]] = k
+                    vstart[slot[c.id]] = start // f.rec
                 usable = len(arr) // f.rec * f.rec
                 small = max(sizes) < 2**32
                 vrows[name] = (arr[:usable].reshape(-1, f.rec), vstart, small)
@@ -263,24 +320,31 @@ def _map_snapshot(path: str, meta: Meta, missing: list[str]) -> Snapshot:
         for c in mine:
             arr = _map_file(os.path.join(path, _format.chunk_name(c.id)), c.size, missing)
             chunks[c.id] = arr
-            chunk_size[c.id] = len(arr)
+            chunk_size[slot[c.id]] = len(arr)
             if f.rec > 0 and f.spec.codec == "raw":
                 k = len(arr) // f.rec
                 rows[c.id] = arr[: k * f.rec].reshape(k, f.rec)
     limits = {name: np.append(np.where(chunk_field == f.fidx, chunk_size, -1), -1)
               for name, f in fields.items()}
+    held = max((min(len(f.index), len(f.aux)) for f in fields.values()), default=0)
+    # (past what the files hold, N is damage that load_snapshot reports: no per-record state)
     return Snapshot(meta, fields, chunks, chunk_size, chunk_field, rows, vrows, limits,
-                    Verified(fields, n),
-                    {cid: memoryview(a) for cid, a in chunks.items()})  # type: ignore[arg-type]
+                    Verified(fields, n) if n <= held else Verified({}, 0),
+                    {cid: memoryview(a) for cid, a in chunks.items()},  # type: ignore[arg-type]
+                    chunk_ids=chunk_ids, missing=tuple(missing))
 
 
 def _present_size(path: str, size: int, missing: list[str]) -> int:
     """Bytes of a chunk that can be mapped: its committed size, less if the file is truncated."""
     try:
-        return min(size, os.stat(path).st_size)
+        info = os.stat(path)
     except FileNotFoundError:
         missing.append(path)
         return 0
+    if not stat.S_ISREG(info.st_mode):  # a directory or FIFO in its place: damage, as missing
+        missing.append(path)
+        return 0
+    return min(size, info.st_size)
 
 
 def check_entries(st: Snapshot, f: MappedField, idx: np.ndarray
@@ -293,7 +357,7 @@ def check_entries(st: Snapshot, f: MappedField, idx: np.ndarray
     """
     cid, off, ln, nb, crc = fetch(f, idx)
     present = ln != 0
-    limit = st.limits[f.spec.name][np.minimum(cid, len(st.chunk_size))]  # -1: not this field's
+    limit = st.limits[f.spec.name][chunk_slots(st, cid)]  # -1: not this field's
     bad = present & ((off + ln > limit) | (off < 0))
     bad |= ~present & ((cid != 0) | (off != 0) | (nb != 0))  # an absent entry is all zeros
     if f.rec >= 0:
@@ -306,6 +370,10 @@ def check_entries(st: Snapshot, f: MappedField, idx: np.ndarray
             bad |= (nb % f.spec.dtype.itemsize) != 0
         if f.spec.codec == "raw":
             bad |= nb != ln
+        else:
+            bound = MAX_EXPANSION.get(f.spec.codec)
+            if bound is not None:
+                bad |= nb > ln * bound[0] + bound[1]
     return bad, cid, off, ln, nb, crc
 
 

@@ -81,14 +81,16 @@ def verify(path: str | os.PathLike[str], *, progress: bool | None = None) -> Ver
     meta = st.meta
     report.length, report.commit = meta.length, meta.commit
     for c in meta.chunks:
-        if st.chunk_size[c.id] >= c.size:
+        have = len(st.chunks[c.id])
+        if have >= c.size:
             continue
         p = os.path.join(path, _format.chunk_name(c.id))
-        if not os.path.exists(p):
-            report.problems.append(f"chunk {c.id} (field {c.field!r}): {p} is missing")
+        if not os.path.isfile(p):
+            report.problems.append(f"chunk {c.id} (field {c.field!r}): {p} is missing (or not "
+                                   "a regular file)")
         else:
             report.problems.append(
-                f"chunk {c.id} (field {c.field!r}) is truncated: {st.chunk_size[c.id]} bytes, "
+                f"chunk {c.id} (field {c.field!r}) is truncated: {have} bytes, "
                 f"meta.json commits {c.size}")
     n = st.meta.length
     bad: dict[str, set[int]] = {}
