@@ -58,6 +58,7 @@ _EXPORTS: dict[str, str] = {
     "open": "_store.reader",
     "pack": "_pack.files",
     "pack_arrays": "_pack.arrays",
+    "pack_arrow": "_pack.arrow",
     "pack_dir": "_pack.dirs",
     "pack_text": "_pack.text",
     "plot": "_engine.plot",

@@ -187,6 +187,8 @@ class PartTask:
         fields: the store's schema.
         chunk_mb: chunk size bound of the part store (the final store's).
         reader: a picklable callable that yields ``Writer.append`` batches of the range.
+        units: ``start``/``stop`` count input units (files, row groups, tar shards) whose number
+            of records is only known once read, so the part's length is not checked.
     """
 
     index: int
@@ -198,6 +200,7 @@ class PartTask:
     fields: tuple[FieldSpec, ...]
     chunk_mb: float
     reader: Callable[[], Iterator[Mapping[str, Any]]]
+    units: bool = False
 
 
 @dataclass(frozen=True)
@@ -219,7 +222,7 @@ def run_part(task: PartTask) -> PartResult:
         for batch in task.reader():
             w.append(batch)
         n = len(w)
-    if n != task.stop - task.start:
+    if not task.units and n != task.stop - task.start:
         raise PackWorkerError(f"pack task {task.index} packed {n} records, expected "
                               f"{task.stop - task.start} (records {task.start}..{task.stop - 1})")
     return PartResult(task.index, path, n)
@@ -229,7 +232,8 @@ def run_part(task: PartTask) -> PartResult:
 
 
 def _describe(task: PartTask) -> str:
-    return (f"pack task {task.index} of {task.count} (records {task.start}..{task.stop - 1}"
+    what = "inputs" if task.units else "records"
+    return (f"pack task {task.index} of {task.count} ({what} {task.start}..{task.stop - 1}"
             f"{': ' + task.what if task.what else ''})")
 
 
@@ -286,7 +290,8 @@ def run_parts(out: str, *, ranges: Sequence[tuple[int, int]],
               attrs: Mapping[str, Any], workers: int | None, executor: cf.Executor | None,
               range_bytes: Callable[[int, int], int], progress: bool | None, desc: str,
               on_part: Callable[[str], None] | None = None,
-              extra_files: Callable[[str], None] | None = None, bar: Any = None) -> int:
+              extra_files: Callable[[str], None] | None = None, bar: Any = None,
+              units: bool = False) -> int:
     """Packs ``ranges`` in parallel into a new store at ``out``; returns its number of chunks.
 
     Args:
@@ -303,6 +308,8 @@ def run_parts(out: str, *, ranges: Sequence[tuple[int, int]],
             parts before it are done (e.g. to hash the records in order).
         extra_files: called with the staging folder before the commit (e.g. to write labels).
         bar: a progress bar to update instead of making one.
+        units: ``ranges`` are of input units (files, row groups, shards), not records; each
+            part holds whatever records its reader yields (see ``PartTask.units``).
     """
     parent = os.path.dirname(out) or "."
     os.makedirs(parent, exist_ok=True)
@@ -311,7 +318,7 @@ def run_parts(out: str, *, ranges: Sequence[tuple[int, int]],
     os.mkdir(parts_dir)
     count = len(ranges)
     specs = tuple(fields)
-    tasks = [PartTask(t, count, a, b, "", parts_dir, specs, chunk_mb, _Deferred())
+    tasks = [PartTask(t, count, a, b, "", parts_dir, specs, chunk_mb, _Deferred(), units)
              for t, (a, b) in enumerate(ranges)]
     own = None
     if executor is None:
@@ -333,7 +340,7 @@ def run_parts(out: str, *, ranges: Sequence[tuple[int, int]],
                 while nxt < count and nxt - len(results) < window:
                     a, b = ranges[nxt]
                     task = PartTask(nxt, count, a, b, describe(a, b), parts_dir, specs, chunk_mb,
-                                    make_reader(a, b))
+                                    make_reader(a, b), units)
                     tasks[nxt] = task
                     with warnings.catch_warnings():  # Python 3.12+ on fork: see _fork_safe
                         warnings.filterwarnings("ignore", ".*multi-threaded.*fork",

@@ -579,7 +579,11 @@ class StoreImages(ImageRecords):
         self._remote = hasattr(store, "url")  # a RemoteStore
         where = str(getattr(store, "url", None) or getattr(store, "path", "?"))
         fields = store.fields
-        self._image = next((f for f in ("image", "bytes") if f in fields), None)
+        attrs = store.attrs
+        # pack_arrow names fields after their columns and records which one holds the images.
+        named = attrs.get("image_field")
+        self._image = named if named in fields else next(
+            (f for f in ("image", "bytes") if f in fields), None)
         if self._image is None:
             raise ConfigError(f"store {where!r} has no 'image' (pack_dir) or 'bytes' "
                               f"(headrace.pack) field (fields: {sorted(fields)}); pack images "
@@ -587,9 +591,9 @@ class StoreImages(ImageRecords):
         self._path_field = next((f for f in ("path", "key") if f in fields), None)
         self._raw = fields[self._image].codec == "raw" and not self._remote
         self.zero_copy = self._raw
-        self._has_label = "label" in fields
+        self._label = str(attrs.get("label_field") or "label")
+        self._has_label = self._label in fields
         self._length = len(store) if length is None else int(length)
-        attrs = store.attrs
         if isinstance(attrs.get("classes"), list):
             self.classes = [str(c) for c in attrs["classes"]]
         elif attrs.get("labels"):
@@ -597,8 +601,9 @@ class StoreImages(ImageRecords):
         self._fingerprint = store_fingerprint(store)
         self._labels: np.ndarray | None = None
         if self._remote and self._has_label and self._length:
-            self._labels = np.asarray(store.gather(np.arange(self._length), ["label"])["label"],
-                                      np.int64).reshape(-1)
+            self._labels = np.asarray(
+                store.gather(np.arange(self._length), [self._label])[self._label],
+                np.int64).reshape(-1)
 
     def _read_labels(self, name: str, where: str) -> list[str] | None:
         if self._remote:
@@ -638,7 +643,8 @@ class StoreImages(ImageRecords):
             return np.full(len(ids), -1, np.int64)
         if self._labels is not None:
             return self._labels[ids]
-        return np.asarray(self.store.gather(ids, ["label"])["label"], np.int64).reshape(-1)
+        return np.asarray(self.store.gather(ids, [self._label])[self._label],
+                          np.int64).reshape(-1)
 
     def raw_nbytes(self, ids: np.ndarray) -> int:
         return int(self.store.nbytes(self._check(ids), [self._image]))

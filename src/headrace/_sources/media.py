@@ -194,18 +194,25 @@ class StoreMedia(MediaFiles):
 
         self.store = store
         self._owned = owned
-        name = next((f for f in MEDIA_FIELDS if f in store.fields), None)
+        attrs = store.attrs
+        # pack_arrow names fields after their columns and records which one holds the media.
+        named = attrs.get("audio_field") or attrs.get("video_field")
+        name = named if named in store.fields else next(
+            (f for f in MEDIA_FIELDS if f in store.fields), None)
         if name is None or store.fields[name].shape is not None:
             raise ConfigError(f"store {store.path!r} has no ragged bytes field named one of "
                               f"{list(MEDIA_FIELDS)} (fields: {sorted(store.fields)}); pack "
                               "media files with headrace._sources.media.pack_media")
         self.field = name
         self._raw = store.fields[name].codec == "raw"
-        self._has_label = "label" in store.fields
+        self._label = str(attrs.get("label_field") or "label")
+        self._has_label = self._label in store.fields
         self._has_path = "path" in store.fields
-        lname = store.attrs.get("labels")
+        lname = attrs.get("labels")
         lpath = os.path.join(store.path, lname) if lname else None
         self.classes = read_labels_tsv(lpath) if lpath and os.path.isfile(lpath) else None
+        if self.classes is None and isinstance(attrs.get("classes"), list):
+            self.classes = [str(c) for c in attrs["classes"]]
         self._fingerprint = store_fingerprint(store)
 
     def __len__(self) -> int:
@@ -230,7 +237,8 @@ class StoreMedia(MediaFiles):
         ids = self.check(ids)
         if not self._has_label or not len(ids):
             return np.full(len(ids), -1, np.int64)
-        return np.asarray(self.store.gather(ids, ["label"])["label"], np.int64).reshape(-1)
+        return np.asarray(self.store.gather(ids, [self._label])[self._label],
+                          np.int64).reshape(-1)
 
     def payload_nbytes(self, ids: np.ndarray) -> int:
         return 0 if self._raw else int(self.store.nbytes(self.check(ids), [self.field]))
