@@ -14,7 +14,7 @@ EXPECTED = sorted([
     "pack", "resolve", "resolve_manifest_hash",
     "Constraints", "DataLoader", "Loader", "MemoryCapError", "RuntimeConfig", "load", "stats",
     "ImageLoader", "image", "pack_dir",
-    "Dataset", "pack_arrays", "pack_arrow",
+    "Dataset", "pack_arrays", "pack_arrow", "pack_webdataset",
     "Sampler",
     "DistributedDataLoader", "MixedLoader", "mix", "run",
     "TextLoader", "pack_text", "text",

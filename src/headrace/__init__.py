@@ -61,6 +61,7 @@ _EXPORTS: dict[str, str] = {
     "pack_arrow": "_pack.arrow",
     "pack_dir": "_pack.dirs",
     "pack_text": "_pack.text",
+    "pack_webdataset": "_pack.webdataset",
     "plot": "_engine.plot",
     "resolve": "_remote.resolve",
     "resolve_manifest_hash": "_remote.resolve",

@@ -266,6 +266,11 @@ COMMANDS: list[Command] = [
             _pack_configure, _pack_run),
     Command("pack-dir", "pack an image folder into a new store (labels from folders)",
             "headrace._cli.pack_dir:cli_configure", "headrace._cli.pack_dir:cli_run"),
+    Command("pack-arrow", "pack Parquet files or a saved HF dataset into a new store",
+            "headrace._cli.pack_arrow:arrow_configure", "headrace._cli.pack_arrow:arrow_run"),
+    Command("pack-webdataset", "pack WebDataset tar shards into a new store",
+            "headrace._cli.pack_arrow:webdataset_configure",
+            "headrace._cli.pack_arrow:webdataset_run"),
     Command("bench", "run a loader on a dataset for a few seconds; report what limits it",
             "headrace._cli.bench:cli_configure", "headrace._cli.bench:cli_run"),
 ]

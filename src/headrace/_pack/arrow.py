@@ -33,7 +33,7 @@ from headrace._pack.arrow_fields import (
     plan_columns,
 )
 from headrace._pack.inputs import InputFile, list_inputs
-from headrace._pack.units import pack_units
+from headrace._pack.units import codecs_for, dir_bytes, pack_units
 
 __all__ = ["pack_arrow"]
 
@@ -268,8 +268,28 @@ def _plan_dataset(ds: Any, columns: Any, nulls: str, batch_bytes: int) -> _Plan:
                  in_memory, n)
 
 
+def _saved_dataset(source: Any) -> Any:
+    """A folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``, loaded
+    (memory-mapped), or ``None`` for anything else."""
+    if not isinstance(source, str | os.PathLike) or not os.path.isdir(source):
+        return None
+    if not any(os.path.isfile(os.path.join(source, n))
+               for n in ("state.json", "dataset_dict.json")):
+        return None
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError(f"{os.fspath(source)} was written by datasets' save_to_disk; "
+                          "reading it needs the datasets package: pip install "
+                          "'headrace[arrow]'") from None
+    return datasets.load_from_disk(os.fspath(source))
+
+
 def _plan(source: Any, split: str | None, columns: Any, nulls: str, batch_bytes: int,
           options: dict[str, Any]) -> _Plan:
+    saved = _saved_dataset(source)
+    if saved is not None:
+        source = saved
     if _is_hf(source, "DatasetDict"):
         splits = list(source)
         if split is None or split not in source:
@@ -343,9 +363,9 @@ def pack_arrow(source: Any, out: str | os.PathLike[str], *,
     labels with its names as ``classes``. ``docs/packing.md`` has the full table.
 
     Args:
-        source: a ``datasets.Dataset``, a ``DatasetDict`` (with ``split``), a ``pyarrow.Table``
-            or ``RecordBatch``, or Parquet: a file, folder, glob (``data/*.parquet``) or list of
-            them, local or ``s3://``.
+        source: a ``datasets.Dataset``, a ``DatasetDict`` (with ``split``), a folder written by
+            their ``save_to_disk``, a ``pyarrow.Table`` or ``RecordBatch``, or Parquet: a file,
+            folder, glob (``data/*.parquet``) or list of them, local or ``s3://``.
         out: the new store's directory (absent, or empty; see ``overwrite``).
         columns: the columns to pack (default: all), or ``{column: field}`` to rename.
         codec: one codec (``raw``, ``zstd``, ``lz4``, ``deflate``) for every field, or
@@ -390,7 +410,7 @@ def pack_arrow(source: Any, out: str | os.PathLike[str], *,
     plan = _plan(source, split, columns, nulls, int(batch_mb * (1 << 20)), {"s3": s3})
     cols = plan.cols
     fields: dict[str, Any] = {}
-    codecs = _codecs(codec, [c.field for c in cols])
+    codecs = codecs_for(codec, [c.field for c in cols])
     for c in cols:
         fields.update(c.specs(codecs[c.field]))
     attrs: dict[str, Any] = {"kind": "arrow", "source": plan.source,
@@ -404,21 +424,5 @@ def pack_arrow(source: Any, out: str | os.PathLike[str], *,
     return {"path": res["path"], "samples": res["samples"], "fields": fields,
             "columns": attrs["columns"], "classes": attrs.get("classes"),
             "skipped_rows": plan.rows - res["samples"],
-            "chunks": res["chunks"], "bytes_written": _dir_bytes(res["path"]),
+            "chunks": res["chunks"], "bytes_written": dir_bytes(res["path"]),
             "seconds": time.perf_counter() - t0, "source": plan.source}
-
-
-def _codecs(codec: str | Mapping[str, str], names: Sequence[str]) -> dict[str, str]:
-    if isinstance(codec, str):
-        return dict.fromkeys(names, codec)
-    unknown = sorted(set(codec) - set(names))
-    if unknown:
-        raise ConfigError(f"codec= names unknown fields {unknown}; the fields are {list(names)}")
-    return {n: codec.get(n, "raw") for n in names}
-
-
-def _dir_bytes(path: str) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
-    return total

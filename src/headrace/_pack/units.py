@@ -14,18 +14,18 @@ import concurrent.futures as cf
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from headrace._base.errors import StoreExistsError
+from headrace._base.errors import ConfigError, StoreExistsError
 from headrace._base.fsutil import discard_dir
 from headrace._base.progress import progress as progress_bar
 from headrace._pack import parallel as _parallel
 from headrace._store import format as _format
 
-__all__ = ["Reader", "batch_nbytes", "pack_units"]
+__all__ = ["Reader", "batch_nbytes", "codecs_for", "dir_bytes", "pack_units"]
 
 Reader = Callable[[], Iterator[Mapping[str, Any]]]
 
@@ -34,8 +34,28 @@ def batch_nbytes(batch: Mapping[str, Any]) -> int:
     """Bytes of the values in one append batch (for progress bars)."""
     total = 0
     for v in batch.values():
-        arr = getattr(v, "values", v)
-        total += int(getattr(arr, "nbytes", 0))
+        if isinstance(v, list):
+            total += sum(len(x) for x in v)
+        else:
+            total += int(getattr(getattr(v, "values", v), "nbytes", 0))
+    return total
+
+
+def codecs_for(codec: str | Mapping[str, str], names: Sequence[str]) -> dict[str, str]:
+    """``codec=`` as ``{field: codec}``: one codec for all, or a dict (others ``raw``)."""
+    if isinstance(codec, str):
+        return dict.fromkeys(names, codec)
+    unknown = sorted(set(codec) - set(names))
+    if unknown:
+        raise ConfigError(f"codec= names unknown fields {unknown}; the fields are {list(names)}")
+    return {n: codec.get(n, "raw") for n in names}
+
+
+def dir_bytes(path: str) -> int:
+    """Bytes of every file under ``path`` (a store's size on disk)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
     return total
 
 
@@ -53,8 +73,8 @@ def _target(out: str, overwrite: bool, who: str) -> str:
 
 
 def _serial(target: str, *, fields: Mapping[str, Any], attrs: Mapping[str, Any],
-            reader: Reader, total: int, chunk_mb: float, progress: bool | None,
-            desc: str) -> None:
+            make_reader: Callable[[int, int], Reader], unit_bytes: np.ndarray, chunk_mb: float,
+            progress: bool | None, desc: str) -> None:
     from headrace._store.writer import create
 
     parent = os.path.dirname(target) or "."
@@ -62,10 +82,17 @@ def _serial(target: str, *, fields: Mapping[str, Any], attrs: Mapping[str, Any],
     staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(target)}.partial-")
     try:
         with create(staging, fields=fields, chunk_mb=chunk_mb, attrs=attrs) as w, \
-                progress_bar(total, desc=desc, enabled=progress) as bar:
-            for batch in reader():
-                w.append(batch)
-                bar.update(batch_nbytes(batch))
+                progress_bar(int(np.sum(unit_bytes)), desc=desc, enabled=progress) as bar:
+            # Unit by unit, so the bar counts input bytes (what its total is in); within a
+            # unit it moves with the bytes appended, never past the unit's share.
+            for u, share in enumerate(np.asarray(unit_bytes).tolist()):
+                shown = 0
+                for batch in make_reader(u, u + 1)():
+                    w.append(batch)
+                    step = min(batch_nbytes(batch), share - shown)
+                    bar.update(step)
+                    shown += step
+                bar.update(share - shown)
         if os.path.isdir(target):
             os.rmdir(target)  # empty (checked by _target)
         os.rename(staging, target)
@@ -117,8 +144,9 @@ def pack_units(out: str | os.PathLike[str], *, fields: Mapping[str, Any],
                 range_bytes=lambda a, b: int(cum[b] - cum[a]), progress=progress, desc=desc,
                 units=True)
         else:
-            _serial(target, fields=fields, attrs=attrs, reader=make_reader(0, n), total=total,
-                    chunk_mb=chunk_mb, progress=progress, desc=desc)
+            _serial(target, fields=fields, attrs=attrs, make_reader=make_reader,
+                    unit_bytes=np.asarray(unit_bytes), chunk_mb=chunk_mb, progress=progress,
+                    desc=desc)
         if target != out:  # the new store is complete: only now does the old one go
             shutil.rmtree(out)
             os.rename(target, out)
