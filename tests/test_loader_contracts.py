@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import numpy as np
 import pytest
 
 import headrace
 from _images import imagefolder
-from _media import sine, write_audio, write_video
+from _media import sine, write_audio, write_garbage, write_video
 from headrace import LoaderError
 
 N = 12  # records (arrays, images, audio files, token windows) per epoch
@@ -216,3 +217,96 @@ def test_a_closed_loader_refuses_a_pass(kind, data):
 def test_contract_kinds_cover_the_public_loaders():
     assert os.path.basename(__file__) == "test_loader_contracts.py"
     assert {"image", "text", "audio", "video", "load", "run"} <= set(KINDS)
+
+
+# -- nothing to yield ---------------------------------------------------------------------------
+
+def _outcome(fn, limit_s: float = 120.0) -> BaseException | None:
+    """What ``fn()`` raised (None: returned), failing if it is still running after ``limit_s``
+    (a spin would otherwise hang the suite)."""
+    box: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            fn()
+            box.append(None)
+        except BaseException as e:
+            box.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(limit_s)
+    assert box, f"still running after {limit_s} s: a spin instead of an error"
+    return box[0]
+
+
+@pytest.mark.parametrize("epochs", [1, None])
+@pytest.mark.parametrize("kind", ["image", "audio", "video"])
+def test_a_folder_without_records_of_the_kind_is_refused(kind, epochs, data, tmp_path):
+    other = {"image": data["audio"], "audio": data["images"], "video": data["audio"]}[kind]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for folder in (other, str(empty)):
+        err = _outcome(lambda f=folder: make(kind, {**data, "images": f, "audio": f,
+                                                    "videos": f}, epochs=epochs))
+        assert isinstance(err, headrace.HeadraceError), err
+        assert "no" in str(err)
+
+
+@pytest.fixture(scope="module")
+def corrupt(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Folders where every record fails to decode (the index of the videos is intact)."""
+    root = tmp_path_factory.mktemp("corrupt")
+    out = {}
+    for kind, ext in (("audio", "wav"), ("image", "jpg")):
+        for i in range(5):
+            write_garbage(str(root / kind / f"c{i % 2}" / f"{i}.{ext}"), seed=i)
+        out[kind] = str(root / kind)
+    for i in range(2):
+        path = write_video(str(root / "video" / f"v{i}.mp4"), 36, fps=24, gop=6)
+        size = os.path.getsize(path)
+        with open(path, "r+b") as f:  # the packet table stays, the frames are garbage
+            f.seek(size // 3)
+            f.write(np.random.default_rng(i).integers(0, 256, size // 4, np.uint8).tobytes())
+    out["video"] = str(root / "video")
+    out["index"] = str(root / "index")
+    return out
+
+
+@pytest.mark.parametrize("epochs", [1, 3, None])
+@pytest.mark.parametrize("kind", ["image", "audio", "video"])
+def test_every_record_failing_under_skip_is_an_error_not_a_spin(kind, epochs, corrupt):
+    if kind == "image":
+        ld = headrace.image(corrupt["image"], batch=2, resize=(8, 8), on_decode_error="skip",
+                            epochs=epochs)
+    elif kind == "audio":
+        ld = headrace.audio(corrupt["audio"], batch=2, samples=100, on_decode_error="skip",
+                            epochs=epochs)
+    else:
+        ld = headrace.video(corrupt["video"], clip=4, stride=4, fps=8, batch=2,
+                            on_error="count", index_dir=corrupt["index"], epochs=epochs)
+    with ld:
+        err = _outcome(lambda: list(ld))
+    assert isinstance(err, headrace.DecodeError), err
+    assert "nothing to yield" in str(err)
+
+
+def test_a_skipped_record_among_good_ones_is_no_error(data, corrupt, tmp_path):
+    import shutil
+
+    mixed = tmp_path / "mixed"
+    shutil.copytree(data["audio"], mixed)
+    shutil.copy(os.path.join(corrupt["audio"], "c0", "0.wav"), mixed / "c0" / "zz.wav")
+    with headrace.audio(str(mixed), batch=3, samples=100, on_decode_error="skip",
+                        epochs=2) as ld:
+        got = sum(len(labels) for _, labels in ld)
+        assert got == 2 * N and ld.stats()["audio_decode_failures_total"] == 2
+
+
+def test_bench_on_an_audio_folder_ends_with_an_error(data, capsys):
+    from headrace._cli.main import main
+
+    codes: list[int] = []
+    assert _outcome(lambda: codes.append(main(["bench", data["audio"], "--seconds", "1"]))) \
+        is None
+    assert codes == [2] and "holds no images" in capsys.readouterr().err

@@ -315,12 +315,12 @@ def test_hf_tokenizer_file_end_to_end(tmp_path):
     assert headrace.stats(ld, raw=True)["tokens_delivered_total"] == 10
 
 
-def test_empty_token_store_yields_nothing(tmp_path):
+def test_empty_token_store_is_refused(tmp_path):
     out = str(tmp_path / "empty.hr")
     with headrace.create(out, fields={"tokens": {"dtype": "int32", "shape": None}}) as w:
         w.commit()
-    with headrace.text(out, seq_len=4, eos_id=1) as ld:
-        assert ld.windows == 0 and list(ld) == []
+    with pytest.raises(headrace.ConfigError, match="holds no token windows"):  # never empty
+        headrace.text(out, seq_len=4, eos_id=1)
 
 
 def test_checkpoint_resumes_on_another_world_size(tmp_path):

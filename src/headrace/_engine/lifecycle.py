@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import numpy as np
 
-from headrace._base.errors import DecodeError, LoaderError
+from headrace._base.errors import ConfigError, DecodeError, LoaderError
 from headrace._engine.timeline import TimelineMixin
 
 if TYPE_CHECKING:
     from headrace._engine.loader import Loader
     from headrace._sources.media import MediaFiles
 
-__all__ = ["INNER_LOADER_KEYWORDS", "BorrowedRecords", "ClosingMixin", "InnerState",
-           "LoaderWrapper", "SingleLoaderWrapper"]
+__all__ = ["INNER_LOADER_KEYWORDS", "BorrowedRecords", "ClosingMixin", "EmptyStreak",
+           "InnerState", "LoaderWrapper", "SingleLoaderWrapper", "refuse_empty"]
 
 #: the keywords of ``audio()``, ``video()`` and ``image()`` that go to the inner ``Loader`` as
 #: they are (their meaning is the Loader's: docs/api.md)
@@ -89,6 +89,53 @@ class ClosingMixin:
             self.close()
         except Exception:
             pass
+
+
+def refuse_empty(count: int, what: str, data: Any) -> None:
+    """A loader over data with no records is an error at construction, never an empty (or, when
+    endless, a spinning) stream."""
+    if count == 0:
+        raise ConfigError(f"{data!r} holds no {what}: there is nothing to load; check the path "
+                          "(and the file extensions it holds)")
+
+
+class EmptyStreak:
+    """Ends a stream where every record fails under a skip/count policy, in bounded time.
+
+    A batch whose records all failed is passed over by the loader; if that goes on for two
+    epochs' worth of records in a row (sixteen with ``order="iid"``, which may miss records in
+    an epoch), or a finite run ends having delivered nothing but failures, there is nothing to
+    yield: ``DecodeError`` instead of a spin (endless) or a silently empty run.
+    """
+
+    def __init__(self, inner: Loader, policy: str) -> None:
+        per_rank = -(-inner.length // max(1, inner.world_size))
+        epochs = 16 if inner._mode.name == "IID" else 2
+        self.limit = max(1, per_rank * epochs)
+        self.policy = policy
+        self.run = 0
+        self.delivered = False
+
+    def empty(self, records: int) -> None:
+        """``records`` more failed in a row; raises once the limit is reached."""
+        self.run += records
+        if self.run >= self.limit:
+            self._raise(f"the last {self.run} records in a row all failed")
+
+    def full(self) -> None:
+        self.run = 0
+        self.delivered = True
+
+    def end(self) -> None:
+        """The stream ended; raises when it delivered nothing but failures."""
+        if self.run and not self.delivered:
+            self._raise(f"all {self.run} records of the run failed")
+
+    def _raise(self, what: str) -> None:
+        self.run = 0
+        raise DecodeError(f"nothing to yield: {what} to decode and were dropped by "
+                          f"{self.policy}; check the files, or use the 'error' policy to see "
+                          "the first failure")
 
 
 class InnerState:
@@ -176,9 +223,11 @@ class SingleLoaderWrapper(InnerState, LoaderWrapper):
     def _state_loader(self) -> Loader:
         return self._inner
 
-    def _started(self, timeline_s: float | None) -> None:
+    def _started(self, timeline_s: float | None, policy: str) -> None:
         """Ends the constructor once ``_inner`` is built: the loader's resolved batch size and
-        seed, then the timeline (so its ``t = 0`` is when the loader is ready)."""
+        seed, then the timeline (so its ``t = 0`` is when the loader is ready). ``policy``:
+        how the skip/count policy is spelled in the nothing-to-yield error."""
+        self._streak = EmptyStreak(self._inner, policy)
         self.batch_size = self._inner.batch_size
         self.seed = self._inner.seed
         self._start_timeline(timeline_s)
@@ -198,11 +247,13 @@ class SingleLoaderWrapper(InnerState, LoaderWrapper):
         A batch where every record failed to decode (skip/count policy) comes back empty from
         the transform; it is passed over rather than handed to the training loop.
         """
+        streak = self._streak
         while True:
             try:
                 b = next(self._inner)
             except StopIteration:
                 self._end_timeline()
+                streak.end()
                 raise
             except LoaderError as e:
                 # The Loader wraps what a worker raised; a decode error is the user's to catch
@@ -211,7 +262,9 @@ class SingleLoaderWrapper(InnerState, LoaderWrapper):
                     raise e.__cause__.with_traceback(None) from e
                 raise
             if len(b[ids_key]) == 0:
+                streak.empty(len(self._inner.last_ids))
                 continue
+            streak.full()
             self.last_ids = b[ids_key]
             self._tick_timeline()
             return b

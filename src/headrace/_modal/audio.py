@@ -20,7 +20,12 @@ from typing import Any
 import numpy as np
 
 from headrace._base.errors import ConfigError, DecodeError
-from headrace._engine.lifecycle import INNER_LOADER_KEYWORDS, BorrowedRecords, SingleLoaderWrapper
+from headrace._engine.lifecycle import (
+    INNER_LOADER_KEYWORDS,
+    BorrowedRecords,
+    SingleLoaderWrapper,
+    refuse_empty,
+)
 from headrace._engine.loader import Loader
 from headrace._engine.timeline import timeline_period
 from headrace._modal.audio_decode import decode_audio, fit_channels, fit_length, resample
@@ -40,11 +45,33 @@ class _LabelSource(BorrowedRecords):
         return {"label": self.records.labels(ids)}
 
 
+class _Job:
+    """What the decoding transform needs, and its counters. The worker threads hold this, never
+    the ``AudioLoader``, so a loader dropped without ``close()`` is collected and its threads
+    stopped."""
+
+    def __init__(self, *, files: MediaFiles, channels: int, sample_count: int,
+                 rate_hz: int | None, on_decode_error: str) -> None:
+        self.files = files
+        self.channels = channels
+        self.sample_count = sample_count
+        self.rate_hz = rate_hz
+        self.on_decode_error = on_decode_error
+        self.lock = threading.Lock()
+        self.decoded = self.failed = self.frames = 0
+
+    def _count(self, *, decoded: int, failed: int, frames: int) -> None:
+        with self.lock:
+            self.decoded += decoded
+            self.failed += failed
+            self.frames += frames
+
+
 class _Decoder:
     """The transform: record ids -> ``{"samples", "labels", "sample_rates_hz", "ids"}``."""
 
-    def __init__(self, loader: AudioLoader) -> None:
-        self.ld = loader
+    def __init__(self, job: _Job) -> None:
+        self.ld = job
 
     def __call__(self, batch: dict[str, Any], ids: np.ndarray) -> dict[str, Any]:
         ld = self.ld
@@ -115,26 +142,25 @@ class AudioLoader(SingleLoaderWrapper):
         self.as_dict = bool(as_dict)
         self.to_torch = bool(to_torch)
         self.files = open_media(data, kind="audio", labels=labels)
-        self._lock = threading.Lock()
-        self._decoded = self._failed = self._frames = 0
+        try:
+            refuse_empty(len(self.files), "audio files", data)
+        except BaseException:
+            self.files.close()
+            raise
+        self._job = _Job(files=self.files, channels=channels, sample_count=samples,
+                         rate_hz=rate_hz, on_decode_error=on_decode_error)
         self._closed = False
         self.last_ids = np.empty(0, np.int64)
         per_item = channels * samples * 4 + 24
         try:
             self._inner = Loader(_LabelSource(self.files), batch=batch, order=order, seed=seed,
                                  epoch=epoch, epochs=epochs, drop_last=drop_last,
-                                 transform=_Decoder(self), transform_nbytes=lambda k: k * per_item,
+                                 transform=_Decoder(self._job), transform_nbytes=lambda k: k * per_item,
                                  resume=resume, close_source=False, **loader_kw)
         except BaseException:
             self.files.close()
             raise
-        self._started(timeline_s)
-
-    def _count(self, *, decoded: int, failed: int, frames: int) -> None:
-        with self._lock:
-            self._decoded += decoded
-            self._failed += failed
-            self._frames += frames
+        self._started(timeline_s, f"on_decode_error={on_decode_error!r}")
 
     # -- iteration -------------------------------------------------------------------------------
 
@@ -165,14 +191,15 @@ class AudioLoader(SingleLoaderWrapper):
         dropped by ``on_decode_error="skip"``), ``audio_decoded_frames_total`` (source frames
         read)."""
         s = self._inner.stats()
-        with self._lock:
+        job = self._job
+        with job.lock:
             s.update({
                 "audio_sample_count": self.sample_count,
                 "audio_channels": self.channels,
                 "audio_expected_sample_rate_hz": self.rate_hz or 0,
-                "audio_decode_samples_total": self._decoded,
-                "audio_decode_failures_total": self._failed,
-                "audio_decoded_frames_total": self._frames,
+                "audio_decode_samples_total": job.decoded,
+                "audio_decode_failures_total": job.failed,
+                "audio_decoded_frames_total": job.frames,
             })
         return s
 

@@ -24,7 +24,13 @@ import numpy as np
 
 from headrace._base.errors import ConfigError, DecodeError, LoaderError
 from headrace._engine import checkpoint as _checkpoint
-from headrace._engine.lifecycle import INNER_LOADER_KEYWORDS, BorrowedRecords, LoaderWrapper
+from headrace._engine.lifecycle import (
+    INNER_LOADER_KEYWORDS,
+    BorrowedRecords,
+    EmptyStreak,
+    LoaderWrapper,
+    refuse_empty,
+)
 from headrace._engine.loader import BatchPlan, Loader
 from headrace._engine.timeline import timeline_period
 from headrace._modal.image_augment import ImageSpec, finish, plan_batch
@@ -239,6 +245,7 @@ class ImageLoader(LoaderWrapper):
         self.records = records
         self._closed = False
         try:
+            refuse_empty(len(records), "images", data)
             if end is not None and end > len(records):
                 raise ConfigError(f"end out of range: end={end} > N={len(records)}")
             self._init(spec, o["batch"], order, o["seed"], o["epoch"], o["epochs"],
@@ -292,6 +299,7 @@ class ImageLoader(LoaderWrapper):
         self._epoch = start_epoch
         self._ended = False  # the end of the stream was delivered (StopIteration raised)
         self._last: Loader = self._open_epoch(start_epoch, token)
+        self._streak = EmptyStreak(self._last, f"on_decode_error={on_decode_error!r}")
 
     def _adopt(self, token: bytes) -> int:
         """The epoch ``token`` resumes in; adopts the token's epochs (``Loader.load_state_dict``).
@@ -333,6 +341,7 @@ class ImageLoader(LoaderWrapper):
                     self._inner = None
                     self._ended = not self._closed
                     self._end_timeline()
+                    self._streak.end()
                     raise StopIteration from None
                 self._last = self._open_epoch(self._epoch, None)
                 continue
@@ -341,8 +350,10 @@ class ImageLoader(LoaderWrapper):
                 if isinstance(cause, DecodeError | ConfigError):
                     raise cause.with_traceback(None) from e
                 raise
-            if len(b["ids"]) == 0:
-                continue  # every image of the batch failed to decode (skip policy)
+            if len(b["ids"]) == 0:  # every image of the batch failed to decode (skip policy)
+                self._streak.empty(len(inner.last_ids))
+                continue
+            self._streak.full()
             self.last_ids = b["ids"]
             self._tick_timeline()
             images, labels = b["images"], b["labels"]

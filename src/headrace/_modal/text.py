@@ -40,7 +40,7 @@ from headrace._base.errors import (
     LoaderError,
     RecordIndexError,
 )
-from headrace._engine.lifecycle import InnerState
+from headrace._engine.lifecycle import EmptyStreak, InnerState, refuse_empty
 from headrace._engine.loader import Loader
 from headrace._engine.timeline import TimelineMixin, timeline_period
 from headrace._pack.text import TEXT_ATTR, is_mx8_pack, pack_text
@@ -315,6 +315,7 @@ class TextLoader(InnerState, TimelineMixin):
         self._documents = documents
         self._path = name
         self._finalizer = weakref.finalize(self, _cleanup, loader, closer, temp_dir)
+        self._streak = EmptyStreak(loader, "on_decode_error='skip'")
         self._start_timeline(timeline_s)
 
     @property
@@ -358,6 +359,7 @@ class TextLoader(InnerState, TimelineMixin):
                 batch = self._loader.__next__()
             except StopIteration:
                 self._end_timeline()
+                self._streak.end()
                 raise
             except LoaderError as e:
                 cause = e.__cause__
@@ -365,7 +367,10 @@ class TextLoader(InnerState, TimelineMixin):
                     raise cause.with_traceback(None) from e
                 raise
             if len(batch["tokens"]):
-                break  # stream=True: a batch whose documents were all skipped is not delivered
+                break
+            # stream=True: a batch whose documents were all skipped is not delivered
+            self._streak.empty(len(self._loader.last_ids))
+        self._streak.full()
         self._tokens += int(batch["tokens"].size)
         self._tick_timeline()
         if self.to_torch:
@@ -651,6 +656,7 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
                               stride=stride, add_bos=add_bos, add_eos=add_eos,
                               bos_id=specials[0], eos_id=specials[1], pad_id=specials[2],
                               drop_last=drop_last, return_mask=return_mask, truncate=truncate)
+        refuse_empty(len(source), f"token windows of {seq_len} tokens", store.path)
         try:
             loader = Loader(source, batch=batch, **loader_kw)
         except CheckpointError as e:
@@ -682,6 +688,7 @@ def _stream_loader(data: Any, *, batch: int, tokenizer: Any, seq_len: int, strid
                             bos_id=ids[0], eos_id=ids[1], pad_id=ids[2])
     source, key = _open_stream(data, text_key=text_key, recursive=recursive, options=options)
     try:
+        refuse_empty(len(source), "documents", data)
         rows = _StreamRows(tok, key=key, seq_len=seq_len, stride=stride, add_bos=add_bos,
                            add_eos=add_eos, bos_id=specials[0], eos_id=specials[1],
                            pad_id=specials[2], truncate=truncate,

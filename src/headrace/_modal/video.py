@@ -170,11 +170,36 @@ def _decode_run(container: Any, stream: Any, pts: np.ndarray, key_before: Any,
         seek_to = key_before(seek_to - 1) if seek_to > 0 else None
 
 
+class _Job:
+    """What the decoding transform needs, and its counters. The worker threads hold this, never
+    the ``VideoLoader``, so a loader dropped without ``close()`` is collected and its threads
+    stopped."""
+
+    def __init__(self, *, index: ClipIndex, files: MediaFiles, frame_hw: tuple[int, int],
+                 resize: tuple[int, int] | None, on_error: str) -> None:
+        self.index = index
+        self.files = files
+        self.frame_hw = frame_hw
+        self.resize = resize
+        self.on_error = on_error
+        self.lock = threading.Lock()
+        self.clips = self.frames = self.seeks = 0
+        self.fail = dict.fromkeys(FAILURE_KINDS, 0)
+
+    def _count(self, clips: int, counters: dict[str, int], kinds: list[str]) -> None:
+        with self.lock:
+            self.clips += clips
+            self.frames += counters["frames"]
+            self.seeks += counters["seeks"]
+            for k in kinds:
+                self.fail[k] += 1
+
+
 class _Decoder:
     """The transform: clip metadata -> the batch dict with ``frames``."""
 
-    def __init__(self, loader: VideoLoader) -> None:
-        self.ld = loader
+    def __init__(self, job: _Job) -> None:
+        self.ld = job
 
     def __call__(self, batch: dict[str, Any], ids: np.ndarray) -> dict[str, Any]:
         ld = self.ld
@@ -239,10 +264,7 @@ class VideoLoader(SingleLoaderWrapper):
         self.on_error = on_error
         self.to_torch = bool(to_torch)
         self.files = open_media(data, kind="video", labels=labels)
-        self._lock = threading.Lock()
         self._closed = False
-        self._clips = self._frames = self._seeks = 0
-        self._fail = dict.fromkeys(FAILURE_KINDS, 0)
         self.last_ids = np.empty(0, np.int64)
         try:
             self.index, self.index_info = build_index(self.files, clip=clip, stride=stride,
@@ -258,15 +280,17 @@ class VideoLoader(SingleLoaderWrapper):
             self.frame_hw = self._frame_hw()
             per_clip = clip * self.frame_hw[0] * self.frame_hw[1] * 3
             self.bytes_per_clip = per_clip
+            self._job = _Job(index=self.index, files=self.files, frame_hw=self.frame_hw,
+                             resize=resize, on_error=on_error)
             self._inner = Loader(ClipSource(self.index, self.files), batch=batch, order=order,
                                  seed=seed, epoch=epoch, epochs=epochs, drop_last=drop_last,
-                                 transform=_Decoder(self),
+                                 transform=_Decoder(self._job),
                                  transform_nbytes=lambda k: k * per_clip, resume=resume,
                                  close_source=False, **loader_kw)
         except BaseException:
             self.files.close()
             raise
-        self._started(timeline_s)
+        self._started(timeline_s, f"on_error={on_error!r}")
 
     def _frame_hw(self) -> tuple[int, int]:
         usable = [v for v, f in enumerate(self.index.failures) if f is None]
@@ -288,14 +312,6 @@ class VideoLoader(SingleLoaderWrapper):
                 f"{p.height[v0]}x{p.width[v0]} but {self.files.path(other)} is "
                 f"{p.height[other]}x{p.width[other]}; pass resize=(H, W)")
         return sizes.pop()
-
-    def _count(self, clips: int, counters: dict[str, int], kinds: list[str]) -> None:
-        with self._lock:
-            self._clips += clips
-            self._frames += counters["frames"]
-            self._seeks += counters["seeks"]
-            for k in kinds:
-                self._fail[k] += 1
 
     # -- iteration -------------------------------------------------------------------------------
 
@@ -336,12 +352,13 @@ class VideoLoader(SingleLoaderWrapper):
             "video_tail_clips_dropped_total": self.index_info["tail_clips_dropped_total"],
             **{f"video_index_{k}": int(v) for k, v in fails.items()},
         })
-        with self._lock:
-            s["video_clips_decoded_total"] = self._clips
-            s["video_frames_decoded_total"] = self._frames
-            s["video_seeks_total"] = self._seeks
-            s["video_decode_failures_total"] = sum(self._fail.values())
-            for k, v in self._fail.items():
+        job = self._job
+        with job.lock:
+            s["video_clips_decoded_total"] = job.clips
+            s["video_frames_decoded_total"] = job.frames
+            s["video_seeks_total"] = job.seeks
+            s["video_decode_failures_total"] = sum(job.fail.values())
+            for k, v in job.fail.items():
                 s[f"video_{k}_total"] = v
         return s
 

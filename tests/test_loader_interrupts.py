@@ -1,0 +1,157 @@
+"""Abandoned loaders stop their threads; Ctrl-C reaches the program as ``KeyboardInterrupt``."""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import headrace
+from _media import sine, write_audio, write_garbage
+from headrace import LoaderError
+
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+
+
+def _workers() -> int:
+    return sum(t.name.startswith("headrace-worker") for t in threading.enumerate())
+
+
+def _fails_after_64(batch, ids):
+    if ids[0] >= 64:
+        raise ValueError("a transform error")
+    return batch
+
+
+@pytest.fixture(scope="module")
+def audio_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = str(tmp_path_factory.mktemp("audio"))
+    for i in range(4):
+        write_audio(f"{root}/{i}.wav", sine(300, 8000, 400), 8000)
+    write_garbage(f"{root}/9.wav")  # the third batch of 2 fails to decode
+    return root
+
+
+def _make(kind: str, audio_dir: str):
+    data = {"x": np.arange(1024)}
+    if kind == "loader":
+        return headrace.Loader(data, batch=64, transform=_fails_after_64, threads=2)
+    if kind == "dataloader":
+        def tf(pair):
+            if int(pair[1][0]) >= 64:
+                raise ValueError("a transform error")
+            return pair
+        return headrace.DataLoader(np.arange(1024), np.arange(1024), num_workers=2,
+                                   batch_size=64, mode=headrace.Sampler.Mode.SEQUENTIAL,
+                                   transform=tf)
+    if kind == "audio":
+        return headrace.audio(audio_dir, batch=2, samples=100, threads=2)
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["loader", "dataloader", "audio"])
+def test_abandoned_loaders_with_a_pending_error_stop_their_threads(kind, audio_dir):
+    before = _workers()
+    for _ in range(40):
+        ld = _make(kind, audio_dir)
+        next(ld)  # the failing batch is built (by a worker or by this thread) but not raised
+        del ld
+    deadline = time.monotonic() + 10
+    while _workers() > before and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    assert _workers() == before
+
+
+def test_a_stored_error_keeps_its_traceback_as_a_note():
+    with headrace.Loader({"x": np.arange(256)}, batch=64, transform=_fails_after_64,
+                         threads=1) as ld:
+        next(ld)
+        with pytest.raises(LoaderError) as info:
+            next(ld)
+    cause = info.value.__cause__
+    assert isinstance(cause, ValueError)
+    text = "\n".join(getattr(cause, "__notes__", []))
+    assert "record ids" in text
+    if cause.__traceback__ is None:  # gathered by the consumer's thread: frames kept as text
+        assert "_fails_after_64" in text
+
+
+def test_keyboard_interrupt_in_a_transform_is_not_wrapped():
+    def tf(batch, ids):
+        if ids[0] >= 64:
+            raise KeyboardInterrupt
+        return batch
+
+    with headrace.Loader({"x": np.arange(512)}, batch=64, transform=tf, threads=2) as ld:
+        next(ld)
+        with pytest.raises(KeyboardInterrupt):
+            next(ld)
+
+
+_CHILD = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    import headrace
+
+    def slow(batch, ids):
+        t = time.perf_counter() + 0.002
+        while time.perf_counter() < t:  # CPU work, interruptible between bytecodes
+            pass
+        return batch
+
+    data = {"x": np.zeros((4096, 16), np.float32)}
+    for _ in range(ROUNDS):
+        ld = headrace.Loader(data, batch=32, order="shuffle", epochs=None, transform=slow,
+                             threads=2)
+        print("ready", flush=True)
+        try:
+            while True:
+                next(ld)
+        except KeyboardInterrupt:
+            result = "KeyboardInterrupt"
+        except BaseException as e:
+            result = "OTHER " + type(e).__name__ + ": " + str(e).replace("\\n", " ")
+        after = "continues"
+        try:  # the loader is still consistent: it continues after the interrupt
+            next(ld)
+        except BaseException as e:
+            after = "broken " + type(e).__name__
+        ld.close()
+        print(result, "|", after, flush=True)
+""")
+
+
+def test_ctrl_c_arrives_as_keyboard_interrupt_every_time():
+    rounds = 24
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    child = subprocess.Popen([sys.executable, "-c", _CHILD.replace("ROUNDS", str(rounds))],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    rng = random.Random(0)
+    results = []
+    try:
+        assert child.stdout is not None
+        for _ in range(rounds):
+            line = child.stdout.readline()
+            assert line.strip() == "ready", (line, child.stderr.read() if child.stderr else "")
+            time.sleep(rng.uniform(0.01, 0.08))
+            child.send_signal(signal.SIGINT)
+            results.append(child.stdout.readline().strip())
+        _, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert results == ["KeyboardInterrupt | continues"] * rounds, results
+    assert child.returncode == 0, err
+    assert "release unlocked lock" not in err
