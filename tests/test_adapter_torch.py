@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -117,14 +119,22 @@ def test_state_dict_before_and_after_iterating(store_path: Path) -> None:
     assert ds.state_dict() == {"headrace_checkpoint": None}
     ds.load_state_dict(ds.state_dict())  # None: start from scratch
     assert len(list(ds)) == 4
-    token = ds.state_dict()["headrace_checkpoint"]
-    assert isinstance(token, bytes) and len(token) <= 1024
+    # The loader's own state_dict: JSON-able, and the same position as its checkpoint token.
+    state = ds.state_dict()
+    assert len(json.dumps(state)) <= 1024 and state["position"] == N_ROWS
     # A new iteration starts the stream again; loading the end state resumes at the end.
     assert len(list(ds)) == 4
-    ds.load_state_dict({"headrace_checkpoint": token})
+    ds.load_state_dict(state)
     assert list(ds) == []
-    with pytest.raises(headrace.ConfigError, match="headrace_checkpoint"):
+    # The token form (what a loader without state_dict() gives) restores the same way.
+    with headrace.Loader(store_path, batch=500, order="sequential", epochs=1) as loader:
+        next(loader)
+        ds.load_state_dict({"headrace_checkpoint": loader.checkpoint()})
+    assert len(list(ds)) == 3
+    with pytest.raises(headrace.CheckpointError):
         ds.load_state_dict({"other": 1})
+    with pytest.raises(headrace.ConfigError, match="not bytes or None"):
+        ds.load_state_dict({"headrace_checkpoint": 3})
 
 
 def test_abandoned_iteration_is_replaced_by_the_next(store_path: Path) -> None:
@@ -151,9 +161,9 @@ def test_set_epoch_changes_the_shuffle(store_path: Path) -> None:
 
 
 def test_loader_factory(store_path: Path) -> None:
-    seen: list[bytes | None] = []
+    seen: list[Any] = []
 
-    def make_loader(resume: bytes | None) -> headrace.Loader:
+    def make_loader(resume: Any) -> headrace.Loader:
         seen.append(resume)
         return headrace.Loader(store_path, batch=400, order="sequential", epochs=1,
                                resume=resume)
@@ -169,7 +179,7 @@ def test_loader_factory(store_path: Path) -> None:
     ds.load_state_dict(state)
     rest = [b["label"].numpy() for b in ds]
     np.testing.assert_array_equal(np.concatenate(rest), labels[400:])
-    assert seen == [None, state["headrace_checkpoint"]]
+    assert seen == [None, state]  # the factory passes it on as resume=
     with pytest.raises(headrace.ConfigError, match="factory"):
         headrace.torch.IterableDataset(make_loader, batch=3)
     with pytest.raises(headrace.ConfigError, match="factory"):

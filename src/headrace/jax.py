@@ -11,7 +11,12 @@
     for step, batch in zip(range(steps), batches):
         state, loss = train_step(state, batch["x"], batch["label"])
         if step % 1_000 == 0:
-            save(batches.checkpoint())     # what this loop received, not what sits on the device
+            save(batches.state_dict())     # what this loop received, not what sits on the device
+    ...
+    batches.load_state_dict(saved)         # in place: the next batch is the one after the saved one
+
+Any loader works, whatever its batches look like: the batch's structure is kept as a pytree (a dict
+stays a dict, ``image``'s ``(images, labels)`` tuple stays a tuple), with every numeric array placed.
 
 Prefetching uses JAX's asynchronous dispatch rather than a thread: ``jax.device_put`` returns as soon as
 the transfer is enqueued, so keeping ``prefetch`` placed batches in a deque overlaps the copies with the
@@ -24,14 +29,14 @@ Importing this module imports ``jax``; ``import headrace`` does not.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import jax
 import numpy as np
 
 from headrace._base.errors import ConfigError
-from headrace._engine.batch import selected
+from headrace._engine.batch import STATE_KEY, Path, describe, map_leaves, select, token_of
 from headrace._store.reader import Ragged
 
 __all__ = ["DeviceIterator", "iterator"]
@@ -39,6 +44,7 @@ __all__ = ["DeviceIterator", "iterator"]
 
 _CPU_ALIGN_BYTES = 64
 _ALIGN_MIN_BYTES = 64 * 1024  # below this the copy costs about what it saves
+_NUMERIC = frozenset("biufc")  # NumPy dtype kinds JAX has arrays for
 
 
 def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
@@ -49,9 +55,9 @@ def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
 
 
 class _CheckpointingLoader(Protocol):
-    """What the adapter needs from a loader: dict batches and a checkpoint of what was delivered."""
+    """What the adapter needs from a loader: batches and a checkpoint of what was delivered."""
 
-    def __iter__(self) -> Iterator[Mapping[str, Any]]: ...
+    def __iter__(self) -> Iterator[Any]: ...
 
     def checkpoint(self) -> bytes: ...
 
@@ -59,22 +65,34 @@ class _CheckpointingLoader(Protocol):
 class _Placed:
     """One batch already handed to the device, with the loader state right after it."""
 
-    __slots__ = ("arrays", "ids", "token")
+    __slots__ = ("arrays", "ids", "state", "token")
 
-    def __init__(self, arrays: dict[str, Any], token: bytes, ids: np.ndarray | None) -> None:
+    def __init__(self, arrays: Any, token: bytes, state: dict[str, Any] | None,
+                 ids: np.ndarray | None) -> None:
         self.arrays = arrays
         self.token = token
+        self.state = state
         self.ids = ids
+
+
+class _Slot:
+    """Where a placed leaf goes back into the batch's structure."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
 
 
 def iterator(loader: _CheckpointingLoader, *, sharding: jax.sharding.Sharding | None = None,
              prefetch: int = 2, fields: Sequence[str] | None = None) -> DeviceIterator:
-    """Wraps a headrace loader so that it yields dicts of ``jax.Array``s on device.
+    """Wraps a headrace loader so that it yields its batches as ``jax.Array``s on device.
 
     Args:
-        loader: a ``headrace.Loader`` (or anything iterable of dict batches with ``checkpoint()``).
-            The iterator reads it ahead by ``prefetch`` batches; call ``checkpoint()`` on the
-            iterator, not on the loader, to save what the training loop actually received.
+        loader: any headrace loader (``Loader``, ``image``, ``text``, ``audio``, ``video``,
+            ``mix`` ...; anything iterable with ``checkpoint()``). The iterator reads it ahead by
+            ``prefetch`` batches; take ``checkpoint()`` / ``state_dict()`` from the iterator, not
+            from the loader, to save what the training loop actually received.
         sharding: where each array goes. ``None`` puts arrays on JAX's default device. With one
             process, arrays are placed by ``jax.device_put(batch, sharding)``; with several
             (``jax.process_count() > 1``) each process's batch is its local slice and the global
@@ -83,13 +101,16 @@ def iterator(loader: _CheckpointingLoader, *, sharding: jax.sharding.Sharding | 
             every batch to be a multiple of D rows: use ``tail="drop"`` or ``"pad"`` on the loader.
         prefetch: batches placed on the device ahead of the one the consumer holds (0 = place
             each batch when it is asked for). Device memory held is ``prefetch + 1`` batches.
-        fields: the batch fields to place, in any order; ``None`` places them all. Use it to leave
-            out host-only fields.
+        fields: the fields of a mapping batch to place, in any order; ``None`` places them all.
+            Use it to leave out host-only fields.
 
     Returns:
-        A ``DeviceIterator``. Ragged fields come out as ``headrace.Ragged(values, offsets)`` of
-        ``jax.Array``s when the sharding is ``None`` or fully replicated; variable-length values
-        cannot be split along the batch axis, so any other sharding raises ``ConfigError``.
+        A ``DeviceIterator`` yielding each batch in its own structure (a pytree: dicts, tuples,
+        named tuples and lists stay as they are) with every numeric array a ``jax.Array``; arrays
+        of strings or objects, and values that are not arrays, stay on the host as they are.
+        Ragged fields come out as ``headrace.Ragged(values, offsets)`` of ``jax.Array``s when the
+        sharding is ``None`` or fully replicated; variable-length values cannot be split along
+        the batch axis, so any other sharding raises ``ConfigError``.
 
     Raises:
         ConfigError: ``prefetch`` is negative, ``fields`` is empty or not strings, or several
@@ -98,12 +119,12 @@ def iterator(loader: _CheckpointingLoader, *, sharding: jax.sharding.Sharding | 
     return DeviceIterator(loader, sharding=sharding, prefetch=prefetch, fields=fields)
 
 
-class DeviceIterator(Iterator[dict[str, Any]]):
+class DeviceIterator(Iterator[Any]):
     """Batches of a loader as ``jax.Array``s; see ``headrace.jax.iterator``.
 
     Invariant: after ``next()`` returns, at most ``prefetch`` placed batches wait in the queue (their
-    transfers run while the caller's step runs), and the checkpoint is the loader's token captured
-    right after the batch last returned by ``next()``.
+    transfers run while the caller's step runs), and the checkpoint and state are the loader's,
+    captured right after the batch last returned by ``next()``.
     """
 
     def __init__(self, loader: _CheckpointingLoader, *,
@@ -129,14 +150,25 @@ class DeviceIterator(Iterator[dict[str, Any]]):
         self._sharding = sharding
         self._prefetch = prefetch
         self._fields = fields
-        # The state before anything was read: a fresh or resumed loader, as the caller built it.
-        self._token = loader.checkpoint()
-        self._source: Iterator[Mapping[str, Any]] = iter(loader)
-        self._queue: collections.deque[_Placed | BaseException] = collections.deque()
-        self._exhausted = False
+        self._stateful = callable(getattr(loader, "state_dict", None))
         self._closed = False
+        self._start()
         self.last_ids: np.ndarray | None = None
         """Record ids of the batch last returned by ``next()`` (when the loader reports them)."""
+
+    def _start(self) -> None:
+        # The state before anything is read: a fresh, resumed or restored loader, as it stands.
+        self._token = self._loader.checkpoint()
+        self._state = self._capture_state()
+        self._source: Iterator[Any] = iter(self._loader)
+        self._queue: collections.deque[_Placed | BaseException] = collections.deque()
+        self._exhausted = False
+
+    def _capture_state(self) -> dict[str, Any] | None:
+        if not self._stateful:
+            return None
+        state: dict[str, Any] = self._loader.state_dict()  # type: ignore[attr-defined]
+        return state
 
     @property
     def loader(self) -> _CheckpointingLoader:
@@ -151,10 +183,46 @@ class DeviceIterator(Iterator[dict[str, Any]]):
         """
         return self._token
 
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's ``state_dict()`` for exactly the batches this iterator has returned.
+
+        A loader without ``state_dict()`` gives ``{"headrace_checkpoint": token}``. Restore with
+        ``load_state_dict`` on this iterator (or on a new one over the same loader settings).
+        """
+        if self._state is not None:
+            return self._state
+        return {STATE_KEY: self._token}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continues right after ``state`` (a ``state_dict()``): the next ``next()`` is that batch.
+
+        Drops the batches prefetched so far and restores the loader in place with its
+        ``load_state_dict`` (which also adopts the state's epoch).
+
+        Raises:
+            ConfigError: the loader cannot restore in place (it has no ``load_state_dict``;
+                rebuild it with ``resume=`` instead), or ``state`` is not a state dict.
+        """
+        is_token, _ = token_of(state)
+        method = getattr(self._loader, "load_state_dict", None)
+        if not callable(method):
+            hint = ("resume=state['headrace_checkpoint']" if is_token
+                    else "resume=iterator.checkpoint()")
+            raise ConfigError(
+                f"the {type(self._loader).__name__} cannot restore a state in place (it has no "
+                f"load_state_dict); build a new loader with {hint} and a new iterator over it")
+        self._queue.clear()
+        if isinstance(self._source, Generator):  # a generator over the old position, not the
+            self._source.close()                 # loader itself (which stays open)
+        method(dict(state))
+        self._closed = False
+        self._start()
+        self.last_ids = None
+
     def __iter__(self) -> DeviceIterator:
         return self
 
-    def __next__(self) -> dict[str, Any]:
+    def __next__(self) -> Any:
         if self._closed:
             raise StopIteration
         self._fill(self._prefetch + 1)
@@ -165,6 +233,7 @@ class DeviceIterator(Iterator[dict[str, Any]]):
             self.close()
             raise item
         self._token = item.token
+        self._state = item.state
         self.last_ids = item.ids
         return item.arrays
 
@@ -184,8 +253,10 @@ class DeviceIterator(Iterator[dict[str, Any]]):
             try:
                 host = next(self._source)
                 token = self._loader.checkpoint()
+                state = self._capture_state()
                 ids = getattr(self._loader, "last_ids", None)
-                placed = _Placed(self._place(host), token, None if ids is None else np.array(ids))
+                placed = _Placed(self._place(host), token, state,
+                                 None if ids is None else np.array(ids))
             except StopIteration:
                 self._exhausted = True
                 return
@@ -196,28 +267,42 @@ class DeviceIterator(Iterator[dict[str, Any]]):
                 return
             self._queue.append(placed)
 
-    def _place(self, host: Mapping[str, Any]) -> dict[str, Any]:
-        tree: dict[str, Any] = {}
-        for name, value in selected(host, self._fields):
+    def _place(self, host: Any) -> Any:
+        # One device_put for the whole batch: its numeric leaves in a list, the structure kept
+        # aside with a slot where each goes back.
+        leaves: list[Any] = []
+        where: list[Path] = []
+
+        def to_host(value: Any, path: Path) -> Any:
             if isinstance(value, Ragged):
-                self._check_ragged_placeable(name)
-                tree[name] = Ragged(self._host(value.values), self._host(value.offsets))
+                self._check_ragged_placeable(path)
+                leaves.append(Ragged(self._host(value.values), self._host(value.offsets)))
+            elif isinstance(value, jax.Array):
+                leaves.append(value)
+            elif isinstance(value, np.ndarray | np.generic) and value.dtype.kind in _NUMERIC:
+                leaves.append(self._host(value))
             else:
-                tree[name] = self._host(value)
+                return value  # strings, objects, None: stay on the host
+            where.append(path)
+            return _Slot(len(leaves) - 1)
+
+        tree = map_leaves(select(host, self._fields), to_host)
         try:
             if self._multiprocess:
                 sharding = self._sharding
-                return jax.tree.map(
-                    lambda x: jax.make_array_from_process_local_data(sharding, x), tree)
-            return jax.device_put(tree, self._sharding)
+                placed = jax.tree.map(
+                    lambda x: jax.make_array_from_process_local_data(sharding, x), leaves)
+            else:
+                placed = jax.device_put(leaves, self._sharding)
         except ValueError as exc:
-            shapes = {k: getattr(v, "shape", None) for k, v in tree.items()}
+            shapes = {describe(p): getattr(v, "shape", None) for p, v in zip(where, leaves, strict=True)}
             exc.add_note(
                 f"headrace.jax: placing a batch with shapes {shapes} on {self._sharding}; a "
                 "sharding that splits the batch axis needs every batch to divide evenly: build "
                 "the loader with tail='drop' (or 'pad') and a batch that is a multiple of the "
                 "device count")
             raise
+        return map_leaves(tree, lambda v, _: placed[v.index] if isinstance(v, _Slot) else v)
 
     def _host(self, value: Any) -> np.ndarray:
         array = np.asarray(value)
@@ -231,10 +316,10 @@ class DeviceIterator(Iterator[dict[str, Any]]):
             return aligned
         return array
 
-    def _check_ragged_placeable(self, name: str) -> None:
+    def _check_ragged_placeable(self, path: Path) -> None:
         if self._multiprocess or not (
                 self._sharding is None or self._sharding.is_fully_replicated):
             raise ConfigError(
-                f"field {name!r} is ragged (values + offsets) and cannot be split along the batch "
-                f"axis by {self._sharding}; pad it to a fixed shape in a loader transform, or "
-                "leave it out with fields=")
+                f"{describe(path)} is ragged (values + offsets) and cannot be split along the "
+                f"batch axis by {self._sharding}; pad it to a fixed shape in a loader transform, "
+                "or leave it out with fields=")

@@ -15,9 +15,11 @@
     ...
     ds.load_state_dict(torch.load("ckpt.pt")["data"])     # the next iteration resumes exactly there
 
-Each batch is a dict of tensors made by ``torch.from_numpy`` (no copy: the tensor shares the loader's
-buffer), or of pinned copies with ``pin_memory=True``. Ragged fields come out as
-``headrace.Ragged(values, offsets)`` of tensors.
+Any loader works, whatever its batches look like: ``IterableDataset(headrace.image(...))`` yields
+``(images, labels)`` tuples of tensors. Every array becomes a tensor made by ``torch.from_numpy``
+(no copy: the tensor shares the loader's buffer), or a pinned copy with ``pin_memory=True``; the
+structure around them stays (dicts, tuples, named tuples, lists; ``Ragged`` fields become
+``Ragged(values, offsets)`` of tensors), as torch's ``default_convert`` keeps it.
 
 Use ``batch_size=None`` (headrace batches already) and ``num_workers=0``: the loader reads in its own
 threads, so worker processes would only add a pickling copy per batch and duplicate the stream;
@@ -37,66 +39,95 @@ import torch
 import torch.utils.data
 
 from headrace._base.errors import ConfigError
-from headrace._engine.batch import selected
+from headrace._engine.batch import STATE_KEY, Path, map_leaves, select, state_of, token_of
 from headrace._store.reader import Ragged
 
 __all__ = ["IterableDataset", "as_tensors"]
 
-_STATE_KEY = "headrace_checkpoint"
+_STATE_KEY = STATE_KEY
+
+# NumPy dtype kinds torch has no tensor for (strings, objects, records, datetimes): such arrays pass
+# through as they are, as torch's default_convert leaves them.
+_NOT_TENSORS = frozenset("USOVMm")
 
 
 class _CheckpointingLoader(Protocol):
-    """What the adapter needs from a loader: dict batches, a checkpoint, and ``close()``."""
+    """What the adapter needs from a loader: batches, a checkpoint, and ``close()``."""
 
-    def __iter__(self) -> Iterator[Mapping[str, Any]]: ...
+    def __iter__(self) -> Iterator[Any]: ...
 
     def checkpoint(self) -> bytes: ...
 
     def close(self) -> None: ...
 
 
-LoaderFactory = Callable[[bytes | None], _CheckpointingLoader]
-"""``make_loader(resume_token_or_None) -> loader``, for loaders ``headrace.Loader`` cannot build."""
+LoaderFactory = Callable[[Any], _CheckpointingLoader]
+"""``make_loader(resume) -> loader``, for loaders built anew on every ``iter()``: ``resume`` is
+``None``, a checkpoint token or a loader's ``state_dict()``, as a loader's ``resume=`` takes them."""
 
 
 def _accelerator_available() -> bool:
     return bool(torch.accelerator.is_available())
 
 
-class IterableDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
-    """Batches of a headrace loader as dicts of tensors, with ``state_dict`` / ``load_state_dict``.
+def _is_loader(source: Any) -> bool:
+    """A built headrace loader (iterable, with a checkpoint), not data for ``Loader`` to read."""
+    return callable(getattr(source, "checkpoint", None)) and hasattr(source, "__iter__")
 
-    Every ``iter()`` builds a fresh ``headrace.Loader`` (closing the previous one), resumed from the
-    state last given to ``load_state_dict`` if any. ``state_dict()`` describes exactly the batches
-    this dataset has yielded in the current (or last) iteration; batches the loader buffered but
-    did not yield are read again after a resume.
+
+class IterableDataset(torch.utils.data.IterableDataset[Any]):
+    """Batches of a headrace loader as tensors, with ``state_dict`` / ``load_state_dict``.
+
+    Three ways to give the loader:
+
+    * a built loader (``headrace.image(...)``, ``text``, ``audio``, ``video``, ``mix``, ``Loader``
+      ...): ``iter()`` iterates that loader as it is, so its own rules apply (a loader mid-stream
+      continues; a finished one starts again only after ``set_epoch``). ``state_dict()`` and
+      ``load_state_dict()`` are the loader's own, and ``set_epoch(e)`` calls the loader's.
+    * a source for ``headrace.Loader`` (a ``Store``, a store path, any source) with the loader's
+      keyword arguments: every ``iter()`` builds a fresh ``Loader`` (closing the previous one),
+      resumed from the state last given to ``load_state_dict`` if any.
+    * a factory ``make_loader(resume) -> loader``, called like that on every ``iter()`` with the
+      state to resume from (``None``, a ``state_dict()`` or a token: pass it on as ``resume=``),
+      when building the loader takes more than keywords.
+
+    ``state_dict()`` describes exactly the batches this dataset has yielded in the current (or
+    last) iteration; batches the loader buffered but did not yield are read again after a resume.
 
     Args:
-        source: what ``headrace.Loader`` reads (a ``Store``, a store path, any source), or a
-            factory ``make_loader(resume) -> loader`` called with the token to resume from (or
-            ``None``) when the loader needs more than keyword arguments.
+        source: a built loader, what ``headrace.Loader`` reads, or a loader factory (see above).
         pin_memory: copy each tensor into page-locked memory (faster, asynchronous host-to-GPU
             copies with ``.to(device, non_blocking=True)``). It costs one copy per batch. Without an
             accelerator it warns and is ignored, as ``torch.utils.data.DataLoader`` does.
-        fields: fields to convert (others are dropped); ``None`` converts all.
+        fields: fields of a mapping batch to convert (others are dropped); ``None`` converts all.
         **loader_kwargs: passed to ``headrace.Loader`` (``batch``, ``order``, ``seed``,
-            ``epochs``, ``threads``, ``resume`` ...); not allowed with a factory.
+            ``epochs``, ``threads``, ``resume`` ...); only with a source for ``headrace.Loader``.
 
     Raises:
-        ConfigError: a factory together with loader keyword arguments, or empty ``fields``.
+        ConfigError: a built loader or a factory together with loader keyword arguments, or empty
+            ``fields``.
     """
 
     def __init__(self, source: Any, *, pin_memory: bool = False,
                  fields: Sequence[str] | None = None, **loader_kwargs: Any) -> None:
         super().__init__()
-        self._resume: bytes | None = loader_kwargs.pop("resume", None)
+        resume = loader_kwargs.pop("resume", None)
+        # What the next built loader restores: a loader's state_dict, or {STATE_KEY: token}.
+        self._pending: Mapping[str, Any] | None = None if resume is None else {_STATE_KEY: resume}
         self._factory: LoaderFactory | None = None
-        if callable(source) and not hasattr(source, "gather"):
-            if loader_kwargs:
-                raise ConfigError(
-                    f"loader keyword arguments {sorted(loader_kwargs)} were given with a loader "
-                    "factory; pass them inside the factory instead")
+        self._given: _CheckpointingLoader | None = None
+        if _is_loader(source):
+            self._given = source
+            what = "a built loader (build it with them instead)"
+        elif callable(source) and not hasattr(source, "gather"):
             self._factory = source
+            what = "a loader factory (pass them inside the factory instead)"
+        if loader_kwargs and (self._given is not None or self._factory is not None):
+            raise ConfigError(
+                f"loader keyword arguments {sorted(loader_kwargs)} were given with {what}")
+        if resume is not None and self._given is not None:
+            raise ConfigError("resume= was given with a built loader: build the loader with "
+                              "resume=token instead, or call load_state_dict() on this dataset")
         self._source = source
         self._loader_kwargs = loader_kwargs
         if pin_memory and not _accelerator_available():
@@ -114,69 +145,120 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self._fields = fields
         self._epoch: int | None = None
         self._live: _CheckpointingLoader | None = None
-        self._last_token: bytes | None = None
+        self._last_state: dict[str, Any] | None = None
+        self._restored: _CheckpointingLoader | None = None  # built by load_state_dict, not read yet
+
+    @property
+    def loader(self) -> _CheckpointingLoader | None:
+        """The loader batches come from now: the built one given, or the current iteration's."""
+        return self._given if self._given is not None else self._live
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled for a spawned DataLoader worker (which then refuses to run, see __iter__): a live
         # loader's threads cannot travel, and the copy does not need them.
         state = self.__dict__.copy()
-        state["_live"] = None
+        state["_live"] = state["_given"] = state["_restored"] = None
         return state
 
     def set_epoch(self, epoch: int) -> None:
-        """Sets ``epoch=`` for the loaders built from now on (``DistributedSampler`` spelling)."""
+        """Starts the next iteration at epoch ``epoch`` (the ``DistributedSampler`` spelling).
+
+        With a built loader this is the loader's own ``set_epoch``; with a source, ``epoch=`` for
+        the loaders built from now on.
+        """
+        if self._given is not None:
+            method = getattr(self._given, "set_epoch", None)
+            if not callable(method):
+                raise ConfigError(f"the {type(self._given).__name__} given has no set_epoch(); "
+                                  "build a new loader with epoch= instead")
+            method(epoch)
+            return
         if self._factory is not None:
             raise ConfigError("set_epoch() needs a source, not a loader factory: the factory "
                               "chooses the epoch of the loaders it builds")
         self._epoch = int(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"headrace_checkpoint": token}``: where the stream yielded so far ends.
+        """Where the stream yielded so far ends: the loader's own ``state_dict()``.
 
-        The token is ``None`` before anything was iterated (a resume then starts from scratch).
+        A loader without one gives ``{"headrace_checkpoint": token}``; so does this dataset before
+        anything was iterated, with ``None`` (a restore then starts from scratch) or the state
+        waiting to be restored.
         """
-        if self._live is not None:
-            token: bytes | None = self._live.checkpoint()
-        elif self._resume is not None:
-            token = self._resume
-        else:
-            token = self._last_token
-        return {_STATE_KEY: token}
+        loader = self.loader if self._restored is None else self._restored
+        if loader is not None:
+            return state_of(loader)
+        if self._pending is not None:
+            return dict(self._pending)
+        if self._last_state is not None:
+            return self._last_state
+        return {_STATE_KEY: None}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Makes the next ``iter()`` resume from ``state_dict`` (a ``state_dict()`` result)."""
-        if _STATE_KEY not in state_dict:
-            raise ConfigError(
-                f"state_dict has keys {sorted(state_dict)}, not {_STATE_KEY!r}: pass what "
-                "headrace.torch.IterableDataset.state_dict() returned")
-        token = state_dict[_STATE_KEY]
-        if token is not None and not isinstance(token, bytes | bytearray | memoryview):
-            raise ConfigError(
-                f"state_dict[{_STATE_KEY!r}] is a {type(token).__name__}, not bytes or None")
+        """Makes the next iteration continue right after ``state_dict`` (a ``state_dict()``).
+
+        A built loader restores it at once (its ``load_state_dict``, which also adopts the
+        state's epoch); otherwise the next ``iter()`` builds its loader from it.
+
+        Raises:
+            ConfigError: not a state this dataset or its loader made.
+        CheckpointError: a state taken on other data, seed, order or batch size.
+        """
+        is_token, token = token_of(state_dict)
+        if self._given is not None:
+            if is_token and token is None:
+                raise ConfigError(
+                    "this state was taken before anything was read, and a built loader cannot "
+                    "go back to where it started: build a new loader (or call set_epoch)")
+            _restore(self._given, token if is_token else state_dict)
+            return
         self.close()
-        self._resume = None if token is None else bytes(token)
-        self._last_token = None
+        self._last_state = None
+        self._pending = None
+        if is_token and token is None:
+            return  # the state before anything was read: the next iteration starts afresh
+        # Built now, so a state from other data or settings is refused here, not at the next
+        # iter(); that iteration then reads from this loader.
+        self._restored = self._build({_STATE_KEY: token} if is_token else state_dict)
 
     def close(self) -> None:
-        """Closes the live loader, keeping its checkpoint for ``state_dict()``. Idempotent."""
+        """Closes the loader (a built one given too), keeping its state for ``state_dict()``.
+
+        Idempotent.
+        """
         live, self._live = self._live, None
         if live is not None:
-            self._last_token = live.checkpoint()
+            self._last_state = state_of(live)
             live.close()
+        restored, self._restored = self._restored, None
+        if restored is not None:
+            restored.close()
+        if self._given is not None:
+            self._given.close()
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Any]:
         if torch.utils.data.get_worker_info() is not None:
             raise ConfigError(
                 "headrace.torch.IterableDataset was iterated in a DataLoader worker process; use "
                 "DataLoader(ds, batch_size=None, num_workers=0): headrace reads in its own threads "
                 "(raise threads= on the loader for more), and workers would duplicate the stream")
+        if self._given is not None:
+            return self._generate(self._given, owned=False)
+        restored, self._restored = self._restored, None
         self.close()
-        resume, self._resume = self._resume, None
-        loader = self._build(resume)
+        pending, self._pending = self._pending, None
+        loader = restored if restored is not None else self._build(pending)
         self._live = loader
-        return self._generate(loader)
+        return self._generate(loader, owned=True)
 
-    def _build(self, resume: bytes | None) -> _CheckpointingLoader:
+    def _build(self, state: Mapping[str, Any] | None) -> _CheckpointingLoader:
+        if state is None:
+            return self._make(None)
+        is_token, token = token_of(state)
+        # Every headrace loader's resume= takes its own state_dict() as well as a token.
+        return self._make(token if is_token else dict(state))
+
+    def _make(self, resume: bytes | dict[str, Any] | None) -> _CheckpointingLoader:
         if self._factory is not None:
             return self._factory(resume)
         import headrace  # the package itself; imported here so this module stays importable alone
@@ -187,49 +269,64 @@ class IterableDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         loader: _CheckpointingLoader = headrace.Loader(self._source, resume=resume, **kwargs)
         return loader
 
-    def _generate(self, loader: _CheckpointingLoader) -> Iterator[dict[str, Any]]:
+    def _generate(self, loader: _CheckpointingLoader, *, owned: bool) -> Iterator[Any]:
         try:
             for batch in loader:
-                yield self._convert(batch)
+                yield as_tensors(batch, pin_memory=self._pin_memory, fields=self._fields)
         finally:
             # Runs on exhaustion, on an error, and when an abandoned iteration is collected; a newer
             # iteration may already own self._live, so only close our own loader.
-            if self._live is loader:
+            if owned and self._live is loader:
                 self.close()
 
-    def _convert(self, batch: Mapping[str, Any]) -> dict[str, Any]:
-        return as_tensors(batch, pin_memory=self._pin_memory, fields=self._fields)
+
+def _restore(loader: Any, state: Any) -> None:
+    method = getattr(loader, "load_state_dict", None)
+    if not callable(method):
+        raise ConfigError(
+            f"the {type(loader).__name__} given cannot restore a state in place (it has no "
+            "load_state_dict); build it again with resume=state instead")
+    method(state if isinstance(state, bytes) else dict(state))
 
 
-def as_tensors(batch: Mapping[str, Any], *, pin_memory: bool = False,
-               fields: Sequence[str] | None = None) -> dict[str, Any]:
-    """Converts one headrace batch (``{field: ndarray | Ragged}``) to tensors, without a copy.
+def as_tensors(batch: Any, *, pin_memory: bool = False,
+               fields: Sequence[str] | None = None) -> Any:
+    """Converts one headrace batch, of any structure, to tensors without a copy.
 
-    Each tensor shares its array's memory (``torch.from_numpy``), so the batch must not be written
-    to afterwards by anyone else; headrace loaders hand every batch its own arrays. A read-only array
-    (a zero-copy view of a read-only mmap) is copied first, since a write through the tensor would
-    fault. ``pin_memory=True`` returns page-locked copies instead (needs an accelerator).
+    Every NumPy array becomes a tensor sharing its memory (``torch.from_numpy``), so the batch must
+    not be written to afterwards by anyone else; headrace loaders hand every batch its own arrays.
+    A read-only array (a zero-copy view of a read-only mmap) is copied first, since a write through
+    the tensor would fault. ``pin_memory=True`` returns page-locked copies instead (needs an
+    accelerator). The structure stays as torch's ``default_convert`` keeps it: a dict stays a dict,
+    a named tuple its own type, a tuple a tuple, a ``Ragged`` a ``Ragged`` of two tensors; arrays
+    of strings or objects, and values that are not arrays, pass through as they are.
 
     Args:
-        batch: a batch from ``headrace.Loader`` / ``headrace.load`` / ``Store.gather``.
+        batch: a batch from any headrace loader (``Loader``, ``image``, ``text``, ``audio``,
+            ``video``, ``mix`` ...) or ``Store.gather``.
         pin_memory: pin each tensor (one copy each).
-        fields: the fields to convert, others dropped; ``None`` converts all.
+        fields: the fields of a mapping batch to convert, others dropped; ``None`` converts all.
 
     Returns:
-        ``{field: torch.Tensor | Ragged(values_tensor, offsets_tensor)}``.
+        ``batch``'s structure with tensors for its arrays, e.g. ``{field: Tensor | Ragged}`` for
+        a ``Loader`` batch and ``(images, labels)`` for an ``image`` batch.
 
     Raises:
-        ConfigError: a name in ``fields`` is not in the batch.
+        ConfigError: a name in ``fields`` is not in the batch, or ``fields`` with a batch that is
+            not a mapping.
     """
-    out: dict[str, Any] = {}
-    for name, value in selected(batch, fields):
+    def leaf(value: Any, path: Path) -> Any:
         if isinstance(value, Ragged):
             # Ragged is annotated for NumPy; the same NamedTuple carries the two tensors here.
-            out[name] = Ragged(cast(Any, _tensor(value.values, pin_memory)),
-                               cast(Any, _tensor(value.offsets, pin_memory)))
-        else:
-            out[name] = _tensor(value, pin_memory)
-    return out
+            return Ragged(cast(Any, _tensor(value.values, pin_memory)),
+                          cast(Any, _tensor(value.offsets, pin_memory)))
+        if isinstance(value, torch.Tensor):
+            return value.pin_memory() if pin_memory else value
+        if isinstance(value, np.ndarray | np.generic) and value.dtype.kind not in _NOT_TENSORS:
+            return _tensor(value, pin_memory)
+        return value
+
+    return map_leaves(select(batch, fields), leaf)
 
 
 def _tensor(array: Any, pin_memory: bool) -> torch.Tensor:
