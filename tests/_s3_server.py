@@ -4,10 +4,15 @@
 127.0.0.1 on a free port; it stops when the fixture closes it (or when the test process dies, because
 the child exits when its stdin closes).
 
-``FaultProxy`` is a plain TCP proxy on 127.0.0.1 that, at a seeded rate, per HTTP request, does one of:
+``FaultProxy`` is a plain TCP proxy on 127.0.0.1 that, at a seeded rate, per HTTP request, does one of
+(in turn):
 
 * ``reset``: closes the client connection with an RST before forwarding the request;
 * ``503``: answers ``503 SlowDown`` itself (what S3 sends when it throttles);
+* ``429``: answers ``429 Too Many Requests`` itself (S3-compatible stores and proxies throttle so);
+* ``408``: answers ``408 Request Timeout`` itself (a front end that gave up on a slow request);
+* ``length``: forwards the request, but the response claims more body bytes (``Content-Length``)
+  than it carries, then the connection ends: a body-length mismatch;
 * ``stall``: holds the request for ``stall_s`` (longer than the client timeout), then closes;
 * ``truncate``: forwards the request but cuts the response after a few bytes.
 
@@ -112,7 +117,12 @@ class MotoS3Server:
 class FaultProxy:
     """A TCP proxy on 127.0.0.1 that injects faults into a seeded fraction of HTTP requests."""
 
-    FAULTS = ("reset", "503", "stall", "truncate")
+    FAULTS = ("reset", "503", "429", "408", "stall", "truncate", "length")
+    _ANSWERS = {"503": (b"503 Slow Down", b"SlowDown", b"Please reduce your request rate."),
+                "429": (b"429 Too Many Requests", b"TooManyRequests", b"Rate exceeded."),
+                "408": (b"408 Request Timeout", b"RequestTimeout",
+                        b"Your socket connection to the server was not read from or written to "
+                        b"within the timeout period.")}
 
     def __init__(self, upstream_port: int, *, rate: float, seed: int = 0, stall_s: float = 1.5,
                  faults: tuple[str, ...] = FAULTS, fail_requests: range | None = None) -> None:
@@ -144,7 +154,8 @@ class FaultProxy:
             forced = self._fail_requests is not None and n in self._fail_requests
             if self._rng.random() >= self.rate and not forced:
                 return None
-            fault = self._rng.choice(self._faults)
+            # in turn rather than at random: a run with a few dozen faults meets every kind
+            fault = self._faults[sum(self.injected.values()) % len(self._faults)]
             self.injected[fault] += 1
             return fault
 
@@ -173,6 +184,7 @@ class FaultProxy:
             return
         new_request = True
         cut_after: int | None = None
+        overstate: bytes | None = None  # the "length" fault: the response seen so far
         socks = [client, upstream]
         try:
             while not self._stop.is_set():
@@ -188,11 +200,12 @@ class FaultProxy:
                             if fault == "reset":
                                 self._reset(client)
                                 return
-                            if fault == "503":
-                                body = (b"<?xml version=\"1.0\"?><Error><Code>SlowDown</Code>"
-                                        b"<Message>Please reduce your request rate.</Message></Error>")
+                            if fault in self._ANSWERS:
+                                status, code, msg = self._ANSWERS[fault]
+                                body = (b"<?xml version=\"1.0\"?><Error><Code>" + code +
+                                        b"</Code><Message>" + msg + b"</Message></Error>")
                                 client.sendall(
-                                    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+                                    b"HTTP/1.1 " + status + b"\r\nContent-Type: application/xml\r\n"
                                     b"Content-Length: " + str(len(body)).encode() +
                                     b"\r\nConnection: close\r\n\r\n" + body)
                                 client.close()
@@ -203,9 +216,36 @@ class FaultProxy:
                                 return
                             if fault == "truncate":
                                 cut_after = self._rng.randrange(50, 4000)
+                            if fault == "length" and data.startswith(b"GET "):
+                                overstate = b""  # (a HEAD answer has no body to come short)
                         upstream.sendall(data)
                     else:
                         new_request = True
+                        if overstate is not None:
+                            overstate += data
+                            head, sep, rest = overstate.partition(b"\r\n\r\n")
+                            if not sep:
+                                continue  # the header is not complete yet
+                            lines = head.split(b"\r\n")
+                            size = next((int(v.split(b":", 1)[1]) for v in lines
+                                         if v.lower().startswith(b"content-length:")), None)
+                            if size is None:  # chunked or empty: nothing to overstate
+                                client.sendall(overstate)
+                                overstate = None
+                                continue
+                            lines = [v for v in lines if not v.lower().startswith(
+                                (b"content-length:", b"connection:"))]
+                            lines += [b"Content-Length: " + str(size + 100).encode(),
+                                      b"Connection: close"]
+                            while len(rest) < size:  # the whole real body, then stop short
+                                more = upstream.recv(65536)
+                                if not more:
+                                    break
+                                rest += more
+                            client.sendall(b"\r\n".join(lines) + b"\r\n\r\n" + rest[:size])
+                            client.shutdown(socket.SHUT_WR)  # a clean end, 100 bytes early
+                            time.sleep(0.05)
+                            return
                         if cut_after is not None:
                             client.sendall(data[:cut_after])
                             self._reset(client)

@@ -68,7 +68,7 @@ def test_retries_through_resets_503_stalls_and_truncation(server, bucket):
             assert flaky.get_range(k, 100, 9000) == v[100:9000]
         assert [i.key for i in flaky.list("")] == sorted(blobs)
         assert flaky.retries >= 1 and sum(proxy.injected.values()) >= 1
-        assert set(proxy.injected) == set(FaultProxy.FAULTS)
+        assert set(proxy.injected) == set(FaultProxy.FAULTS), proxy.injected
     finally:
         proxy.close()
 

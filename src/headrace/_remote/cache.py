@@ -8,6 +8,11 @@ whole entry or none. The bytes in use are tracked in ``<root>/usage`` under an e
 An entry bigger than ``max_bytes`` is simply not cached. A reader that loses an entry to another
 process's eviction gets a miss (an open file stays readable after the unlink).
 
+Power loss: an entry's bytes are fsynced before its rename, so a cut leaves a whole entry or none
+(losing an entry is only a miss, so directories are not synced). ``usage`` is not synced at all;
+it carries the boot id it was written under, and the first process after a reboot finds another
+boot id, rescans the entries and removes the temporary files that processes of the old boot left.
+
 Callers must make keys immutable-content names (an object's key plus its ETag, or a committed chunk
 range plus the store generation): the cache never checks the origin again.
 """
@@ -20,11 +25,30 @@ import hashlib
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 
 from headrace._base.errors import ConfigError
 
 __all__ = ["ByteCache"]
+
+
+def _boot_time() -> float:
+    """When this machine booted (seconds since the epoch); 0 where that is unknown."""
+    try:
+        with open("/proc/uptime") as f:
+            return time.time() - float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _boot_id() -> str:
+    """Changes at every boot (Linux); elsewhere constant, so the usage file is always trusted."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 class ByteCache:
@@ -86,6 +110,8 @@ class ByteCache:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+                f.flush()
+                os.fsync(f.fileno())  # renamed whole or not at all, even across a power cut
             with self._locked():
                 old = os.path.getsize(path) if os.path.exists(path) else 0
                 usage = self._read_usage() - old
@@ -119,15 +145,31 @@ class ByteCache:
     def _read_usage(self) -> int:
         try:
             with open(os.path.join(self.root, "usage")) as f:
-                return int(f.read().strip() or 0)
+                boot, _, n = f.read().strip().rpartition(" ")
+            if boot == _boot_id():
+                return int(n)
+            # from before a reboot: a power cut may have lost updates, and every writer of that
+            # boot is gone, so their temporary files are garbage
+            self._remove_temp_files()
         except (FileNotFoundError, ValueError):
-            return self._scan_total()
+            pass  # missing or torn: count the entries (writers of this boot may be mid-put)
+        return self._scan_total()
 
     def _write_usage(self, n: int) -> None:
         tmp = os.path.join(self.root, ".usage.tmp")
         with open(tmp, "w") as f:
-            f.write(str(n))
+            f.write(f"{_boot_id()} {n}")
         os.replace(tmp, os.path.join(self.root, "usage"))
+
+    def _remove_temp_files(self) -> None:
+        """Removes temporary files written before this boot (a put of this boot may be running)."""
+        booted = _boot_time()
+        for sub in os.scandir(self.root):
+            if sub.is_dir() and len(sub.name) == 2:
+                for e in os.scandir(sub.path):
+                    with contextlib.suppress(FileNotFoundError):
+                        if e.name.startswith(".tmp-") and e.stat().st_mtime < booted:
+                            os.unlink(e.path)
 
     def _entries(self) -> list[tuple[int, int, str]]:
         out = []

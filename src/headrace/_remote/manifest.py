@@ -15,8 +15,9 @@ Store layout (mx8's, so an mx8 user finds the same things)::
 
 Root: ``store=`` > ``$HEADRACE_MANIFEST_STORE`` > ``$MX8_MANIFEST_STORE_ROOT`` > the platform user cache
 dir (``platformdirs.user_cache_dir("headrace")/manifests``). Every file is published by writing a
-temporary file, fsyncing it and renaming it over the target, so a reader never sees half a manifest;
-listing a base holds an exclusive ``flock`` so two processes pin one snapshot, not two.
+temporary file, fsyncing it, renaming it over the target and fsyncing the directory (and the parent
+of every directory made for it), so a reader never sees half a manifest and a power cut never loses
+a pin that was published; listing a base holds an exclusive ``flock`` so two processes pin one snapshot, not two.
 """
 
 from __future__ import annotations
@@ -185,9 +186,29 @@ def manifest_store_root(store: str | os.PathLike[str] | None = None) -> str:
     return os.path.join(platformdirs.user_cache_dir("headrace"), "manifests")
 
 
+def _fsync_dir(d: str) -> None:
+    dfd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _makedirs_durable(d: str) -> None:
+    """``os.makedirs`` whose new directories survive a power cut: each one's parent is synced."""
+    if os.path.isdir(d):
+        return
+    parent = os.path.dirname(d)
+    if parent != d:
+        _makedirs_durable(parent)
+    with contextlib.suppress(FileExistsError):  # another process made it: it synced it
+        os.mkdir(d)
+    _fsync_dir(parent)
+
+
 def _write_atomic(path: str, data: bytes) -> None:
     d = os.path.dirname(path)
-    os.makedirs(d, exist_ok=True)
+    _makedirs_durable(d)
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -199,11 +220,7 @@ def _write_atomic(path: str, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    dfd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    _fsync_dir(d)
 
 
 class ManifestStore:

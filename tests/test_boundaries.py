@@ -1,0 +1,197 @@
+"""Behaviour exactly at the edges: block edges of the order, seeds, caps, format limits, the mix.
+
+Each test sits on a boundary where an off-by-one or a dropped term changes what a user gets (a batch
+one record short, one batch more in flight than ``queue=``, a valid record refused), so it checks
+both sides of the edge, not just a value far from it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+import headrace
+from headrace import ConfigError, MemoryCapError
+from headrace._multi.mix_schedule import SmoothRoundRobin
+from headrace._order.make import make_order
+from headrace._order.order import BLOCK
+from headrace._store import format as _format
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# -- the order: memoized block edges and seeds ------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["shuffle", "iid", "sequential"])
+def test_ranges_around_memoized_block_edges_equal_the_pure_function(mode):
+    n = 3 * BLOCK + 77
+    order = make_order(mode, n, seed=11)
+    for edge in (BLOCK, 2 * BLOCK, 3 * BLOCK):
+        for d in range(-4, 5):
+            for count in (1, 2, 3, 4, 5, BLOCK // 4):
+                start = edge + d
+                if start < 0:
+                    continue
+                want = order.indices(np.arange(start, start + count, dtype=np.int64))
+                order.range(edge - 100, 3)  # the hot block now ends at ``edge``
+                got = order.shared_range(start, count)
+                assert got.shape == (count,), (edge, d, count)
+                np.testing.assert_array_equal(got, want, err_msg=f"shared {edge}{d:+} x{count}")
+                order.range(edge - 100, 3)
+                np.testing.assert_array_equal(order.range(start, count), want,
+                                              err_msg=f"range {edge}{d:+} x{count}")
+
+
+@pytest.mark.parametrize("mode", ["shuffle", "iid"])
+def test_seeds_differing_only_in_high_bits_give_different_streams(mode):
+    n = 5000
+    base = make_order(mode, n, seed=7).range(0, 256)
+    for bit in (32, 40, 63):
+        other = make_order(mode, n, seed=7 | (1 << bit)).range(0, 256)
+        assert not np.array_equal(base, other), bit
+    big = make_order(mode, 2**21 + 5, seed=3).range(0, 64)  # the one-word-per-position IID path
+    assert not np.array_equal(big, make_order(mode, 2**21 + 5, seed=3 + (1 << 33)).range(0, 64))
+
+
+# -- the loader: queue window, inflight bytes, RAM cap ----------------------------------------------
+
+def _wait_for(pred, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while not pred() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return pred()
+
+
+@pytest.mark.parametrize("queue", [1, 2, 3])
+def test_batches_in_flight_never_pass_queue_and_reach_it(queue):
+    with headrace.Loader({"x": np.arange(400)}, batch=2, queue=queue, threads=4,
+                         prefetch=8) as ld:
+        assert ld.stats()["effective_max_queue_batches"] == queue
+        next(ld)
+        assert _wait_for(lambda: ld.stats()["queue_depth"] == queue)
+        time.sleep(0.2)  # workers had every chance to dispatch one more
+        s = ld.stats()
+        assert s["queue_depth"] == queue and s["queue_high_water"] == queue
+        assert s["batches_in_flight"] <= queue
+        for _ in range(20):
+            next(ld)
+            assert ld.stats()["queue_high_water"] <= queue
+
+
+def test_inflight_cap_of_exactly_one_batch_is_accepted_and_one_byte_less_is_not():
+    x = np.ones((40, 100), np.uint8)  # a batch of 10 is 1000 bytes
+    with headrace.Loader({"x": x}, batch=10, inflight=1000, threads=3, queue=4) as ld:
+        assert len(list(ld)) == 4
+        assert ld.stats()["inflight_high_water_bytes"] == 1000
+    with pytest.raises(ConfigError, match="at least 1000 bytes"):
+        headrace.Loader({"x": x}, batch=10, inflight=999)
+    # two batches fit in 2000 bytes, not in 1999: the high water shows which
+    for cap, most in ((2000, 2000), (1999, 1000)):
+        with headrace.Loader({"x": x}, batch=10, inflight=cap, threads=3, queue=4) as ld:
+            next(ld)
+            time.sleep(0.2)
+            assert ld.stats()["inflight_high_water_bytes"] == most
+
+
+def _counted_rss() -> int:
+    from headrace._engine.stats import sample_memory
+
+    return sample_memory().counted_bytes
+
+
+def test_ram_cap_counts_the_batch_about_to_be_built():
+    """The process sits just under the cap; a batch that would carry it over must wait."""
+    rows = 64
+    x = np.ones((rows, 1 << 20), np.uint8)  # a batch of 32 rows is 32 MiB
+    batch_bytes = 32 << 20
+    headroom = 8 << 20  # far above the RSS jitter of a sleeping test process
+    cap = headrace.Constraints(max_ram_bytes=_counted_rss() + batch_bytes - headroom,
+                               max_inflight_bytes=4 * batch_bytes)
+    with headrace.Loader({"x": x}, batch=32, constraints=cap, threads=1, queue=1) as ld:
+        ld._ram_wait_s = 0.3
+        assert ld.stats()["counted_rss_bytes"] < cap.max_ram_bytes  # under the cap itself
+        with pytest.raises(MemoryCapError, match="exceeds max_process_rss_bytes"):
+            next(ld)
+    cap = headrace.Constraints(max_ram_bytes=_counted_rss() + batch_bytes + headroom,
+                               max_inflight_bytes=4 * batch_bytes)
+    with headrace.Loader({"x": x}, batch=32, constraints=cap, threads=1, queue=1) as ld:
+        assert next(ld)["x"].shape == (32, 1 << 20)  # the batch fits under the cap: no wait
+
+
+# -- the format: versions, duplicate chunks, record-size limits -------------------------------------
+
+def _two_chunk_store(path):
+    with headrace.create(path, fields={"b": "bytes"}, chunk_mb=1 / 1024) as w:
+        w.append({"b": [bytes([i]) * 700 for i in range(4)]})
+    meta = json.loads((path / "meta.json").read_text())
+    assert len(meta["chunks"]) >= 2
+    return meta
+
+
+def test_the_next_format_version_asks_for_an_upgrade_not_a_restore(tmp_path):
+    meta = _two_chunk_store(tmp_path / "s")
+    meta["version"] = _format.FORMAT_VERSION + 1
+    (tmp_path / "s" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(headrace.FormatVersionError, match="upgrade headrace") as e:
+        headrace.open(tmp_path / "s")
+    assert not isinstance(e.value, headrace.CorruptionError)
+    meta["version"] = _format.FORMAT_VERSION - 1  # older than any release: damaged, not newer
+    (tmp_path / "s" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(headrace.CorruptionError, match="restore it from a backup"):
+        headrace.open(tmp_path / "s")
+
+
+def test_a_chunk_listed_twice_is_damage(tmp_path):
+    meta = _two_chunk_store(tmp_path / "s")
+    good = json.dumps(meta)
+    meta["chunks"][1]["id"] = meta["chunks"][0]["id"]
+    (tmp_path / "s" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(headrace.CorruptionError, match="repeated"):
+        headrace.open(tmp_path / "s")
+    (tmp_path / "s" / "meta.json").write_text(good)
+    assert len(headrace.open(tmp_path / "s")) == 4
+
+
+def test_a_fixed_shape_record_of_exactly_the_limit_is_stored(tmp_path, monkeypatch):
+    monkeypatch.setattr(_format, "MAX_RECORD_BYTES", 12)
+    with headrace.create(tmp_path / "s", fields={"a": {"dtype": "uint32", "shape": [3]},
+                                                 "r": "bytes"}) as w:
+        w.append({"a": np.arange(6, dtype=np.uint32).reshape(2, 3), "r": [b"x" * 12, b""]})
+    st = headrace.open(tmp_path / "s")
+    np.testing.assert_array_equal(st.record(1, "a"), [3, 4, 5])
+    assert st.record(0, "r").tobytes() == b"x" * 12
+    with pytest.raises(headrace.RecordTooLargeError, match="13 bytes"):
+        headrace.create(tmp_path / "t", fields={"a": {"dtype": "uint8", "shape": [13]}})
+    with headrace.open(tmp_path / "s", mode="a") as w, \
+            pytest.raises(headrace.RecordTooLargeError, match="13 bytes"):
+        w.append({"a": np.zeros((1, 3), np.uint32), "r": [b"y" * 13]})
+
+
+# -- the mix: proportions after a source is dropped -------------------------------------------------
+
+def test_swrr_after_a_drop_splits_by_the_remaining_weights_only():
+    s = SmoothRoundRobin([3, 1, 4])
+    s.sequence(5)
+    s.deactivate(2)
+    credit = s.current[0] + s.current[1]
+    picks = s.sequence(400)
+    assert picks.count(0) == 300 and picks.count(1) == 100
+    for k in range(0, 400, 4):  # smooth: every 4 ticks are 3 + 1, not runs
+        assert sorted(picks[k:k + 4]) == [0, 0, 0, 1]
+    assert s.current[0] + s.current[1] == credit  # each tick charges what it handed out
+
+
+def test_mixed_loader_after_a_drop_keeps_the_remaining_proportions():
+    a = headrace.Loader({"x": np.zeros(3000, np.int64)}, batch=1)
+    b = headrace.Loader({"x": np.ones(1000, np.int64)}, batch=1)
+    c = headrace.Loader({"x": np.full(5, 2, np.int64)}, batch=1)  # runs out early
+    with headrace.mix([a, b, c], weights=[3, 1, 4], on_source_exhausted="drop") as m:
+        got = [int(batch["x"][0]) for batch in m]
+    last = len(got) - 1 - got[::-1].index(2)
+    assert got.count(2) == 5
+    after = got[last + 1:]
+    head = after[:800]
+    assert head.count(0) == 600 and head.count(1) == 200
