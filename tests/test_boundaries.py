@@ -134,24 +134,24 @@ def _two_chunk_store(path):
 def test_the_next_format_version_asks_for_an_upgrade_not_a_restore(tmp_path):
     meta = _two_chunk_store(tmp_path / "s")
     meta["version"] = _format.FORMAT_VERSION + 1
-    (tmp_path / "s" / "meta.json").write_text(json.dumps(meta))
+    (tmp_path / "s" / "meta.json").write_bytes(_format.meta_bytes(meta))
     with pytest.raises(headrace.FormatVersionError, match="upgrade headrace") as e:
         headrace.open(tmp_path / "s")
     assert not isinstance(e.value, headrace.CorruptionError)
-    meta["version"] = _format.FORMAT_VERSION - 1  # older than any release: damaged, not newer
-    (tmp_path / "s" / "meta.json").write_text(json.dumps(meta))
+    meta["version"] = 0  # older than any release: damaged, not newer
+    (tmp_path / "s" / "meta.json").write_bytes(_format.meta_bytes(meta))
     with pytest.raises(headrace.CorruptionError, match="restore it from a backup"):
         headrace.open(tmp_path / "s")
 
 
 def test_a_chunk_listed_twice_is_damage(tmp_path):
     meta = _two_chunk_store(tmp_path / "s")
-    good = json.dumps(meta)
+    good = _format.meta_bytes(meta)
     meta["chunks"][1]["id"] = meta["chunks"][0]["id"]
-    (tmp_path / "s" / "meta.json").write_text(json.dumps(meta))
+    (tmp_path / "s" / "meta.json").write_bytes(_format.meta_bytes(meta))  # a valid checksum
     with pytest.raises(headrace.CorruptionError, match="repeated"):
         headrace.open(tmp_path / "s")
-    (tmp_path / "s" / "meta.json").write_text(good)
+    (tmp_path / "s" / "meta.json").write_bytes(good)
     assert len(headrace.open(tmp_path / "s")) == 4
 
 
