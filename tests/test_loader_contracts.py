@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 
 import numpy as np
@@ -17,11 +18,12 @@ import headrace
 from _images import imagefolder
 from _media import sine, write_audio, write_garbage, write_video
 from headrace import LoaderError
+from headrace._engine.keywords import CORE
 
 N = 12  # records (arrays, images, audio files, token windows) per epoch
 
 KINDS = ["loader", "load", "run", "image", "text", "audio", "video", "dataloader", "distributed"]
-FINITE = [k for k in KINDS if k != "dataloader"]  # the loaderx DataLoader is always endless
+FINITE = KINDS
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +61,8 @@ def make(kind: str, data: dict[str, str], **kw):
     if kind == "load":
         return headrace.load(data["store"], order=order, **kw)
     if kind == "run":
-        return headrace.run(data["store"], order=order, ram_gb=None, **kw)
+        kw.setdefault("ram_gb", None)
+        return headrace.run(data["store"], order=order, **kw)
     if kind == "image":
         return headrace.image(data["images"], order=order, **kw)
     if kind == "text":
@@ -69,16 +72,16 @@ def make(kind: str, data: dict[str, str], **kw):
     if kind == "video":
         return headrace.video(data["videos"], clip=2, stride=2, fps=8, order=order,
                               index_dir=data["index"], **kw)
-    if kind == "dataloader":
-        kw.pop("epochs", None)
-        resume = kw.pop("resume", None)
+    if kind == "dataloader":  # endless by default, as loaderx; one epoch here unless asked
+        kw.setdefault("epochs", 1)
         x = np.arange(3 * N, dtype=np.float32).reshape(N, 3)
-        return headrace.DataLoader(x, np.arange(N), num_workers=2, batch_size=kw.pop("batch"),
-                                   mode=headrace.Sampler.Mode.SHUFFLE, seed=kw.pop("seed"),
-                                   resume=resume)
+        return headrace.DataLoader(x, np.arange(N), num_workers=2, order=order, **kw)
     if kind == "distributed":
-        return headrace.DistributedDataLoader(data["store"], order=order, rank=0, world_size=1,
-                                              tail="partial", **kw)
+        kw.setdefault("rank", 0)
+        kw.setdefault("world_size", 1)
+        if not kw.get("drop_last"):
+            kw.setdefault("tail", "partial")
+        return headrace.DistributedDataLoader(data["store"], order=order, **kw)
     raise AssertionError(kind)
 
 
@@ -163,10 +166,10 @@ def test_set_epoch_rewinds_to_that_epoch(kind, data):
 
 
 def test_set_epoch_on_an_endless_loaderx_loader(data):
-    with make("dataloader", data) as ref:
+    with make("dataloader", data, epochs=None) as ref:
         ids(ref, 4)
         epoch1 = ids(ref, 4)
-    with make("dataloader", data) as ld:
+    with make("dataloader", data, epochs=None) as ld:
         ld.set_epoch(1)
         assert ld.epoch == 1 and ids(ld, 4) == epoch1
 
@@ -310,3 +313,62 @@ def test_bench_on_an_audio_folder_ends_with_an_error(data, capsys):
     assert _outcome(lambda: codes.append(main(["bench", data["audio"], "--seconds", "1"]))) \
         is None
     assert codes == [2] and "holds no images" in capsys.readouterr().err
+
+
+# -- keywords ----------------------------------------------------------------------------------
+
+PRIVATE = re.compile(r"\b_\w+\(|__init__|\bopener\b")
+
+
+@pytest.mark.parametrize(("typo", "meant"), [("seeed", "seed"), ("epohcs", "epochs"),
+                                             ("shufle", "shuffle"), ("prefecth", "prefetch")])
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_unknown_keyword_names_the_closest_valid_one(kind, typo, meant, data):
+    with pytest.raises(headrace.ConfigError, match=f"did you mean '{meant}'") as info:
+        make(kind, data, **{typo: 1})
+    assert not PRIVATE.search(str(info.value)), str(info.value)
+
+
+def _tag(batch, ids):
+    return {"inner": batch, "tagged_ids": np.asarray(ids).copy()}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_core_keyword_is_accepted_with_one_meaning(kind, data):
+    core = {"order": None, "shuffle": True, "epoch": 0, "epochs": 1, "drop_last": False,
+            "tail": "partial", "rank": 0, "world_size": 1, "threads": 2, "inflight": 64 << 20,
+            "ram_gb": 8, "queue": 16, "prefetch": 2, "profile": "balanced",
+            "constraints": headrace.Constraints(), "runtime": headrace.RuntimeConfig(),
+            "resume": None, "timeline": 0.01, "transform": _tag}
+    assert set(core) | {"batch", "seed"} == set(CORE)
+    if kind == "dataloader":  # loaderx's transform: fn((data, label)) -> (data, label)
+        core["transform"] = lambda pair: (pair[0] + 1000, pair[1])
+    with make(kind, data, **core) as ld:
+        seen = []
+        for b in ld:
+            if kind == "dataloader":
+                assert float(b["data"].min()) >= 1000
+                b = {"tagged_ids": b["label"]}
+            else:
+                assert set(b) == {"inner", "tagged_ids"}  # the transform's result is what comes
+            assert b["tagged_ids"].tolist() == np.asarray(ld.last_ids).tolist()
+            seen += b["tagged_ids"].tolist()
+        assert sorted(seen) == list(range(N))  # shuffled, one epoch
+        assert seen != list(range(N))
+        timeline = ld.stats_timeline()
+    assert timeline["format"] == "headrace-timeline" and timeline["samples"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tail_drop_and_drop_last_are_honoured(kind, data):
+    for kw, sizes in (({"tail": "drop"}, [5, 5]), ({"drop_last": True}, [5, 5]),
+                      ({"tail": "partial"}, [5, 5, 2])):
+        with make(kind, data, batch=5, epochs=1, **kw) as ld:
+            assert [len(b) for b in ids(ld)] == sizes, kw
+
+
+@pytest.mark.parametrize("kind", ["load", "run"])
+def test_load_and_run_record_a_timeline(kind, data):
+    with make(kind, data, timeline=True) as ld:
+        ids(ld)
+        assert ld.stats_timeline()["format"] == "headrace-timeline"

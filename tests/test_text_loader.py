@@ -89,8 +89,10 @@ def test_concat_exact_windows_hand_computed(store):
                     [34, 1, 0, 0]]
     toks, _, _ = rows(headrace.text(store, seq_len=4, stride=6, batch=8, pad_id=0))
     assert toks == [[10, 11, 12, 1], [1, 1, 30, 31], [34, 1, 0, 0]]
-    toks, _, _ = rows(headrace.text(store, seq_len=4, batch=8, drop_last=True))
+    toks, _, _ = rows(headrace.text(store, seq_len=4, batch=3, drop_last=True))
     assert toks == [[10, 11, 12, 1], [20, 21, 1, 1], [30, 31, 32, 33]]
+    toks, _, _ = rows(headrace.text(store, seq_len=4, batch=2, drop_last=True))  # full batches
+    assert toks == [[10, 11, 12, 1], [20, 21, 1, 1]]
     toks, _, _ = rows(headrace.text(store, seq_len=4, batch=3, tail="drop"))
     assert toks == [[10, 11, 12, 1], [20, 21, 1, 1], [30, 31, 32, 33]]
 
@@ -138,6 +140,8 @@ def test_matches_reference_model_over_a_grid(tmp_path, packing):
                            packing=packing, pad_id=0, batch=5, drop_last=drop,
                            threads=1) as ld:
             toks, masks, dids = rows(ld)
+        if drop:  # and full batches of 5 only
+            want = want[:len(want) // 5 * 5]
         assert toks == [w[0] for w in want], (seq_len, stride, bos, eos, drop)
         assert masks == [w[1] for w in want]
         assert dids == [w[2] for w in want]

@@ -14,7 +14,8 @@ import numpy as np
 
 from headrace._base.errors import ConfigError
 from headrace._engine.config import resolve_config
-from headrace._engine.loader import Loader
+from headrace._engine.keywords import checked
+from headrace._engine.loader import Loader, resolve_order
 from headrace._sources.base import ArraySource
 
 __all__ = ["DataLoader"]
@@ -44,15 +45,32 @@ class DataLoader(Loader):
         transform: ``fn((data, label)) -> (data, label)``, run in the workers.
         inflight: byte cap; by default large enough for ``num_workers + prefetch_size`` batches
             (loaderx has no cap, so a ported script never trips over one).
-        resume: a ``checkpoint()`` token.
+        resume: a ``checkpoint()`` token or ``state_dict()``.
+        batch, order, shuffle, threads, prefetch: headrace's names of ``batch_size``, ``mode``,
+            ``num_workers``, ``prefetch_size`` (pass one spelling). epoch, epochs (default
+            ``None``: endless, as loaderx), drop_last, tail, rank, world_size, ram_gb, queue,
+            profile, constraints, runtime, timeline: as ``headrace.Loader``. ``transform`` keeps
+            loaderx's meaning, ``fn((data, label)) -> (data, label)``.
     """
 
+    @checked("DataLoader()")
     def __init__(self, dataset: Any, labelset: Any, num_workers: int = 4, batch_size: int = 256,
                  prefetch_size: int = 4, mode: int = 1, seed: int = 42,
                  transform: Callable[[Any], Any] = _identity, *, inflight: int | None = None,
-                 resume: bytes | None = None) -> None:
+                 resume: Any = None, batch: int | None = None, order: Any = None,
+                 shuffle: bool = False, epoch: int = 0, epochs: int | None = None,
+                 drop_last: bool = False, tail: str | None = None, rank: int = 0,
+                 world_size: int = 1, threads: int | None = None, ram_gb: float | None = None,
+                 queue: int | None = None, prefetch: int | None = None,
+                 profile: str | None = None, constraints: Any = None, runtime: Any = None,
+                 timeline: bool | float = False) -> None:
         if len(dataset) != len(labelset):
             raise ConfigError("dataset and labelset must have the same length")
+        batch_size = _alias("batch", batch, "batch_size", batch_size, 256)
+        num_workers = _alias("threads", threads, "num_workers", num_workers, 4)
+        prefetch_size = _alias("prefetch", prefetch, "prefetch_size", prefetch_size, 4)
+        if order is not None or shuffle:
+            mode = _alias("order", resolve_order(order, shuffle), "mode", mode, 1)
         for name, value in (("num_workers", num_workers), ("prefetch_size", prefetch_size),
                             ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -69,10 +87,27 @@ class DataLoader(Loader):
             one = source.nbytes(np.zeros(max(1, batch_size), np.int64))
             default = resolve_config(threads=threads, prefetch=prefetch_size).max_inflight_bytes
             inflight = max(default, one * (threads + prefetch_size))
-        super().__init__(source, batch=batch_size, order=mode, seed=seed, epochs=None,
+        super().__init__(source, batch=batch_size, order=mode, seed=seed, epoch=epoch,
+                         epochs=epochs, drop_last=drop_last, tail=tail, rank=rank,
+                         world_size=world_size,
                          transform=None if transform is _identity else apply, threads=threads,
-                         prefetch=prefetch_size, queue=max(1, threads + prefetch_size),
-                         inflight=inflight, resume=resume, close_source=True)
+                         prefetch=prefetch_size,
+                         queue=queue if queue is not None else max(1, threads + prefetch_size),
+                         inflight=inflight, ram_gb=ram_gb, profile=profile,
+                         constraints=constraints, runtime=runtime, resume=resume,
+                         close_source=True, timeline=timeline)
 
     def __len__(self) -> int:
-        raise TypeError("Eternal loader has no length.")
+        if self._end_epoch is None:
+            raise TypeError("Eternal loader has no length.")
+        return super().__len__()
+
+
+def _alias(name: str, value: Any, loaderx_name: str, loaderx_value: Any, default: Any) -> Any:
+    """``batch=`` (headrace's name) or ``batch_size=`` (loaderx's): one value, never two."""
+    if value is None:
+        return loaderx_value
+    if loaderx_value != default and loaderx_value != value:
+        raise ConfigError(f"{name}={value!r} conflicts with {loaderx_name}={loaderx_value!r}; "
+                          "pass one")
+    return value

@@ -11,6 +11,7 @@ live here, so each loader states only what differs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import numpy as np
@@ -22,13 +23,26 @@ if TYPE_CHECKING:
     from headrace._engine.loader import Loader
     from headrace._sources.media import MediaFiles
 
-__all__ = ["INNER_LOADER_KEYWORDS", "BorrowedRecords", "ClosingMixin", "EmptyStreak",
-           "InnerState", "LoaderWrapper", "SingleLoaderWrapper", "refuse_empty"]
+__all__ = [
+    "INNER_LOADER_KEYWORDS",
+    "YIELD_KEY",
+    "BorrowedRecords",
+    "ClosingMixin",
+    "EmptyStreak",
+    "InnerState",
+    "LoaderWrapper",
+    "SingleLoaderWrapper",
+    "ThenTransform",
+    "refuse_empty",
+]
 
 #: the keywords of ``audio()``, ``video()`` and ``image()`` that go to the inner ``Loader`` as
 #: they are (their meaning is the Loader's: docs/api.md)
 INNER_LOADER_KEYWORDS = ("threads", "inflight", "ram_gb", "queue", "prefetch", "profile",
-                         "constraints", "runtime", "rank", "world_size")
+                         "constraints", "runtime", "rank", "world_size", "tail")
+
+#: where a user ``transform``'s result travels in a decoded batch (see :class:`ThenTransform`)
+YIELD_KEY = "__headrace_yield__"
 
 
 class _Records(Protocol):
@@ -89,6 +103,34 @@ class ClosingMixin:
             self.close()
         except Exception:
             pass
+
+
+class ThenTransform:
+    """A decoding transform followed by the user's ``transform(batch, ids)``, in the workers.
+
+    The user's function sees the batch exactly as the loader yields it (``finish`` builds that
+    from the decoded dict: a tuple, torch tensors, ...) and what it returns is what the loader
+    yields: the wrapper's ``next()`` hands out ``batch[YIELD_KEY]``. A batch whose records all
+    failed is left alone (it is never yielded). Holds no reference to the loader object.
+    """
+
+    def __init__(self, decode: Callable[[Any, np.ndarray], dict[str, Any]] | None,
+                 finish: Callable[[dict[str, Any]], Any], user: Callable[[Any, np.ndarray], Any],
+                 ids_key: str) -> None:
+        if not callable(user):
+            raise ConfigError(f"transform must be a function (batch, ids) -> batch, got {user!r}")
+        self.decode = decode
+        self.finish = finish
+        self.user = user
+        self.ids_key = ids_key
+
+    def __call__(self, batch: Any, ids: np.ndarray) -> dict[str, Any]:
+        b = batch if self.decode is None else self.decode(batch, ids)
+        if len(b[self.ids_key]) == 0:
+            return b
+        out = dict(b)
+        out[YIELD_KEY] = self.user(self.finish(b), np.asarray(b[self.ids_key]).copy())
+        return out
 
 
 def refuse_empty(count: int, what: str, data: Any) -> None:

@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 from headrace._base.errors import ConfigError
 from headrace._engine.config import Constraints, RuntimeConfig
-from headrace._engine.loader import Loader, Transform
+from headrace._engine.keywords import keyword_names, refuse_unknown
+from headrace._engine.loader import Loader, Transform, resolve_order
 from headrace._sources.base import open_source
 
 __all__ = ["load"]
+
+
+def _open(data: Any, options: dict[str, Any]) -> Any:
+    """``open_source`` with a misspelt ``load`` keyword reported as such (``ConfigError``)."""
+    try:
+        return open_source(data, **options)
+    except TypeError as e:
+        m = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+        if m is None or m.group(1) not in options:
+            raise
+        refuse_unknown([m.group(1)], keyword_names(load), "load()")
+        raise  # not reached: refuse_unknown raised
 
 
 def _check_bound(name: str, value: Any) -> int:
@@ -25,10 +39,12 @@ def load(data: Any, *, batch: int = 512, inflight: int | None = None, queue: int
          prefetch: int | None = None, ram_gb: float | None = None, profile: str | None = None,
          resume: bytes | None = None, start: int | None = None, end: int | None = None,
          seed: int = 0, epoch: int = 0, shuffle: bool = False, order: Any = None,
-         epochs: int | None = 1, drop_last: bool = False, threads: int | None = None,
+         epochs: int | None = 1, drop_last: bool = False, tail: str | None = None,
+         rank: int = 0, world_size: int = 1, threads: int | None = None,
          constraints: Constraints | None = None, runtime: RuntimeConfig | None = None,
          transform: Transform | None = None,
-         transform_nbytes: Callable[[int], int] | None = None, **options: Any) -> Loader:
+         transform_nbytes: Callable[[int], int] | None = None,
+         timeline: bool | float = False, **options: Any) -> Loader:
     """Open ``data`` and return a ``Loader`` yielding ``{field: ndarray | Ragged}`` per batch.
 
     As mx8's ``load``: one pass, sequential by record id, last batch partial, ``start``/``end``
@@ -46,7 +62,8 @@ def load(data: Any, *, batch: int = 512, inflight: int | None = None, queue: int
         start, end: record range, set together.
         shuffle, order: ``order`` is ``"sequential"``, ``"shuffle"`` or ``"iid"``; ``shuffle=True``
             is ``order="shuffle"``.
-        epochs, drop_last, threads, transform, transform_nbytes: as for ``Loader``.
+        epochs, drop_last, tail, rank, world_size, threads, transform, transform_nbytes,
+            timeline: as for ``Loader``.
         **options: passed to the source opener (e.g. ``fields=["image"]``, ``verify="never"``).
 
     Raises:
@@ -62,20 +79,18 @@ def load(data: Any, *, batch: int = 512, inflight: int | None = None, queue: int
         end = _check_bound("end", end)
         if start > end:
             raise ConfigError(f"invalid range (start > end): start={start} end={end}")
-    if order is None:
-        order = "shuffle" if shuffle else "sequential"
-    elif shuffle and str(order).lower() != "shuffle":
-        raise ConfigError(f"shuffle=True conflicts with order={order!r}; pass only one")
-    source = open_source(data, **options)
+    order = resolve_order(order, shuffle)
+    source = _open(data, options)
     try:
         if end is not None and end > len(source):
             raise ConfigError(f"end out of range: end={end} > N={len(source)}")
         loader = Loader(source, batch=batch, order=order, seed=seed, epoch=epoch, epochs=epochs,
-                        drop_last=drop_last, start=start, end=end, transform=transform,
+                        drop_last=drop_last, tail=tail, rank=rank, world_size=world_size,
+                        start=start, end=end, transform=transform,
                         transform_nbytes=transform_nbytes, threads=threads, inflight=inflight,
                         ram_gb=ram_gb, queue=queue, prefetch=prefetch, profile=profile,
                         constraints=constraints, runtime=runtime, resume=resume,
-                        close_source=True)
+                        close_source=True, timeline=timeline)
     except BaseException:
         source.close()
         raise

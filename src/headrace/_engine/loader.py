@@ -42,6 +42,7 @@ from headrace._base.errors import ConfigError, HeadraceError, LoaderError, Memor
 from headrace._engine import checkpoint as _checkpoint
 from headrace._engine.budget import ByteBudget
 from headrace._engine.config import Constraints, ResolvedConfig, RuntimeConfig, resolve_config
+from headrace._engine.keywords import checked
 from headrace._engine.stats import LoaderCounters, print_line
 from headrace._engine.timeline import Recorder
 from headrace._order.make import make_order
@@ -402,6 +403,17 @@ def as_mode(order: Any) -> Mode:
     raise ConfigError(f"unknown order {order!r}; use one of {valid} (or headrace.Sampler.Mode)")
 
 
+def resolve_order(order: Any, shuffle: bool) -> Any:
+    """``order=`` with ``shuffle=True`` as a spelling of ``order="shuffle"`` (None: sequential)."""
+    if not isinstance(shuffle, bool | np.bool_):
+        raise ConfigError(f"shuffle must be True or False, got {shuffle!r}")
+    if order is None:
+        return "shuffle" if shuffle else "sequential"
+    if shuffle and as_mode(order) is not Mode.SHUFFLE:
+        raise ConfigError(f"shuffle=True conflicts with order={order!r}; pass only one")
+    return order
+
+
 def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise ConfigError(f"{name} must be an int, got {value!r}")
@@ -423,8 +435,9 @@ class Loader:
     Args:
         source: a ``Source``, a ``Store``, a store path, an array or a dict of arrays.
         batch: records per batch (>= 1).
-        order: ``"sequential"`` (circular window), ``"shuffle"`` (a new permutation per epoch) or
-            ``"iid"`` (draws with replacement); also a ``Mode`` or its int value.
+        order: ``"sequential"`` (circular window; the default), ``"shuffle"`` (a new permutation
+            per epoch) or ``"iid"`` (draws with replacement); also a ``Mode`` or its int value.
+        shuffle: ``True`` is ``order="shuffle"`` (every loader takes both spellings).
         seed: order seed (0 .. 2**64-1).
         epoch: the first epoch (positions start at ``epoch * N``).
         epochs: how many epochs to read; ``None`` = endless (step-based; batches run across epoch
@@ -458,8 +471,9 @@ class Loader:
     once); any number of worker threads produce for it.
     """
 
-    def __init__(self, source: Any, *, batch: int = 256, order: Any = "sequential",
-                 seed: int = 0, epoch: int = 0, epochs: int | None = 1, drop_last: bool = False,
+    @checked("Loader()")
+    def __init__(self, source: Any, *, batch: int = 256, order: Any = None,
+                 shuffle: bool = False, seed: int = 0, epoch: int = 0, epochs: int | None = 1, drop_last: bool = False,
                  rank: int = 0, world_size: int = 1, tail: str | None = None,
                  start: int | None = None, end: int | None = None,
                  transform: Transform | None = None,
@@ -483,7 +497,7 @@ class Loader:
             self.enable_timeline(period_s=float(timeline))
         self.batch_size = _check_int("batch", batch, 1)
         self.seed = _check_int("seed", seed, 0)
-        self._mode = as_mode(order)
+        self._mode = as_mode(resolve_order(order, shuffle))
         first_epoch = _check_int("epoch", epoch, 0)
         if epochs is not None:
             epochs = _check_int("epochs", epochs, 0)

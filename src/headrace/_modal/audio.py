@@ -15,18 +15,22 @@ as consumed, so a resumed run skips them the same way.
 from __future__ import annotations
 
 import threading
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from headrace._base.errors import ConfigError, DecodeError
+from headrace._engine.keywords import checked
 from headrace._engine.lifecycle import (
     INNER_LOADER_KEYWORDS,
+    YIELD_KEY,
     BorrowedRecords,
     SingleLoaderWrapper,
+    ThenTransform,
     refuse_empty,
 )
-from headrace._engine.loader import Loader
+from headrace._engine.loader import Loader, resolve_order
 from headrace._engine.timeline import timeline_period
 from headrace._modal.audio_decode import decode_audio, fit_channels, fit_length, resample
 from headrace._sources.media import MediaFiles, open_media
@@ -107,6 +111,15 @@ class _Decoder:
         return {"samples": out, "labels": labels, "sample_rates_hz": rates, "ids": ids}
 
 
+def _finish(to_torch: bool, as_dict: bool, b: dict[str, Any]) -> Any:
+    """A decoded batch as the loader yields it."""
+    if to_torch:
+        import torch
+
+        b = {k: torch.from_numpy(v) for k, v in b.items()}
+    return b if as_dict else (b["samples"], b["labels"])
+
+
 class AudioLoader(SingleLoaderWrapper):
     """Iterates ``(samples, labels)`` batches; built by :func:`audio` (see it for the arguments).
 
@@ -123,7 +136,7 @@ class AudioLoader(SingleLoaderWrapper):
                  rate_hz: int | None, on_decode_error: str, order: str, seed: int, epoch: int,
                  epochs: int | None, drop_last: bool, as_dict: bool, to_torch: bool,
                  labels: bool | None, loader_kw: dict[str, Any], resume: bytes | None,
-                 timeline: bool | float = False) -> None:
+                 timeline: bool | float = False, transform: Any = None) -> None:
         timeline_s = timeline_period(timeline)
         if on_decode_error not in _ERROR_POLICIES:
             raise ConfigError(f"invalid decode_error_policy={on_decode_error!r} (expected: "
@@ -152,10 +165,14 @@ class AudioLoader(SingleLoaderWrapper):
         self._closed = False
         self.last_ids = np.empty(0, np.int64)
         per_item = channels * samples * 4 + 24
+        decoder: Any = _Decoder(self._job)
+        if transform is not None:
+            decoder = ThenTransform(decoder, partial(_finish, self.to_torch, self.as_dict),
+                                    transform, "ids")
         try:
             self._inner = Loader(_LabelSource(self.files), batch=batch, order=order, seed=seed,
                                  epoch=epoch, epochs=epochs, drop_last=drop_last,
-                                 transform=_Decoder(self._job), transform_nbytes=lambda k: k * per_item,
+                                 transform=decoder, transform_nbytes=lambda k: k * per_item,
                                  resume=resume, close_source=False, **loader_kw)
         except BaseException:
             self.files.close()
@@ -166,11 +183,9 @@ class AudioLoader(SingleLoaderWrapper):
 
     def __next__(self) -> Any:
         b = self._next_delivered("ids")
-        if self.to_torch:
-            import torch
-
-            b = {k: torch.from_numpy(v) for k, v in b.items()}
-        return b if self.as_dict else (b["samples"], b["labels"])
+        if YIELD_KEY in b:
+            return b[YIELD_KEY]
+        return _finish(self.to_torch, self.as_dict, b)
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -208,6 +223,7 @@ class AudioLoader(SingleLoaderWrapper):
                 f"channels={self.channels}, samples={self.sample_count}, rate_hz={self.rate_hz})")
 
 
+@checked("audio()")
 def audio(data: Any, *, batch: int = 32, samples: int = 16000, channels: int = 1,
           rate_hz: int | None = None, on_decode_error: str = "error", shuffle: bool = False,
           order: str | None = None, seed: int = 0, epoch: int = 0, epochs: int | None = 1,
@@ -215,8 +231,9 @@ def audio(data: Any, *, batch: int = 32, samples: int = 16000, channels: int = 1
           labels: bool | None = None, threads: int | None = None, inflight: int | None = None,
           ram_gb: float | None = None, queue: int | None = None, prefetch: int | None = None,
           profile: str | None = None, constraints: Any = None, runtime: Any = None,
-          rank: int = 0, world_size: int = 1, resume: bytes | None = None,
-          timeline: bool | float = False) -> AudioLoader:
+          rank: int = 0, world_size: int = 1, tail: str | None = None,
+          resume: bytes | None = None, timeline: bool | float = False,
+          transform: Any = None) -> AudioLoader:
     """Fixed-size float32 audio batches from a store or a raw folder of audio files.
 
     Example (mx8's spelling)::
@@ -243,14 +260,16 @@ def audio(data: Any, *, batch: int = 32, samples: int = 16000, channels: int = 1
         to_torch: torch tensors instead of NumPy arrays (torch is imported only then).
         labels: ``True``/``False``/``None`` (auto) labels by first-level folder (raw folders).
         threads, inflight, ram_gb, queue, prefetch, profile, constraints, runtime, rank,
-            world_size, resume: as in :class:`headrace.Loader`.
+            world_size, tail, resume: as in :class:`headrace.Loader`.
         timeline: record a stats timeline (``True``: a snapshot every 0.5 s; a number: the
             period in seconds) for ``stats_timeline()`` and ``headrace.plot``.
+        transform: ``fn(batch, ids) -> batch``, run in the loader's threads on each batch as it
+            would be yielded (``ids``: its record ids); the loader yields what it returns.
     """
     loader_kw = {k: v for k, v in locals().items() if k in INNER_LOADER_KEYWORDS}
     return AudioLoader(data, batch=batch, samples=samples, channels=channels, rate_hz=rate_hz,
-                       on_decode_error=on_decode_error,
-                       order=order or ("shuffle" if shuffle else "sequential"), seed=seed,
+                       on_decode_error=on_decode_error, order=resolve_order(order, shuffle),
+                       seed=seed,
                        epoch=epoch, epochs=epochs, drop_last=drop_last, as_dict=as_dict,
                        to_torch=to_torch, labels=labels, loader_kw=loader_kw, resume=resume,
-                       timeline=timeline)
+                       timeline=timeline, transform=transform)

@@ -18,20 +18,24 @@ still counts the bad records as consumed, so a resumed run skips them the same w
 from __future__ import annotations
 
 import threading
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from headrace._base.errors import ConfigError, DecodeError, LoaderError
 from headrace._engine import checkpoint as _checkpoint
+from headrace._engine.keywords import refuse_unknown
 from headrace._engine.lifecycle import (
     INNER_LOADER_KEYWORDS,
+    YIELD_KEY,
     BorrowedRecords,
     EmptyStreak,
     LoaderWrapper,
+    ThenTransform,
     refuse_empty,
 )
-from headrace._engine.loader import BatchPlan, Loader
+from headrace._engine.loader import BatchPlan, Loader, resolve_order
 from headrace._engine.timeline import timeline_period
 from headrace._modal.image_augment import ImageSpec, finish, plan_batch
 from headrace._modal.image_decode import decode, image_size
@@ -134,6 +138,15 @@ class _Decoder:
         return {"images": out[:k], "labels": labels[sel], "ids": ids[sel]}
 
 
+def _finish(to_torch: bool, b: dict[str, Any]) -> tuple[Any, Any]:
+    """A decoded batch as the loader yields it: ``(images, labels)``."""
+    if to_torch:
+        import torch
+
+        return torch.from_numpy(b["images"]), torch.from_numpy(b["labels"])
+    return b["images"], b["labels"]
+
+
 class ImageLoader(LoaderWrapper):
     """Iterates ``(images, labels)`` batches; built by :func:`image` (see it for the arguments)
     or with mx8's long-name constructor (``ImageLoader(dataset_link, batch_size_samples=...)``).
@@ -230,9 +243,8 @@ class ImageLoader(LoaderWrapper):
             jitter_saturation=o["jitter_saturation"], jitter_hue=o["jitter_hue"],
             mean=o["mean"], std=o["std"], float_out=o["float_out"], layout=o["layout"],
             interpolation=o["interpolation"], dct_scale=o["dct_scale"], fast=o["fast_decode"])
-        order = o["order"] or ("shuffle" if o["shuffle"] else "sequential")
-        if o["shuffle"] and str(order).lower() != "shuffle":
-            raise ConfigError(f"shuffle=True conflicts with order={order!r}; pass only one")
+        order = resolve_order(o["order"], o["shuffle"])
+        self._user_transform = o["transform"]
         loader_kw = {k: o[k] for k in INNER_LOADER_KEYWORDS}
         budget = o.get("budget")
         if budget is not None:  # a mix's share: outlives each epoch's Loader (see _EpochBudget)
@@ -316,8 +328,16 @@ class ImageLoader(LoaderWrapper):
             return int(tok.position // span)
         return self._first_epoch
 
+    def _transform(self, e: int) -> Any:
+        """Epoch ``e``'s decoding transform, then the user's ``transform`` if one was given."""
+        decoder = _Decoder(self._job, e)
+        if self._user_transform is None:
+            return decoder
+        return ThenTransform(decoder, partial(_finish, self.to_torch), self._user_transform,
+                             "ids")
+
     def _open_epoch(self, e: int, token: bytes | None) -> Loader:
-        ld = Loader(self._source, epoch=e, epochs=1, transform=_Decoder(self._job, e), resume=token,
+        ld = Loader(self._source, epoch=e, epochs=1, transform=self._transform(e), resume=token,
                     **self._kw)
         self._inner = ld if self._end_epoch is None or e < self._end_epoch else None
         if self._inner is None:
@@ -356,12 +376,9 @@ class ImageLoader(LoaderWrapper):
             self._streak.full()
             self.last_ids = b["ids"]
             self._tick_timeline()
-            images, labels = b["images"], b["labels"]
-            if self.to_torch:
-                import torch
-
-                return torch.from_numpy(images), torch.from_numpy(labels)
-            return images, labels
+            if YIELD_KEY in b:
+                return b[YIELD_KEY]
+            return _finish(self.to_torch, b)
 
     def _retire(self, inner: Loader) -> None:
         """Adds a finished epoch loader's totals to the run's and closes it (once)."""
@@ -424,7 +441,7 @@ class ImageLoader(LoaderWrapper):
 
     def _switch(self, e: int, token: bytes | None) -> None:
         """Stop the running epoch's loader and open epoch ``e`` (at ``token`` if given)."""
-        ld = Loader(self._source, epoch=e, epochs=1, transform=_Decoder(self._job, e),
+        ld = Loader(self._source, epoch=e, epochs=1, transform=self._transform(e),
                     resume=token, **self._kw)  # validates the token before anything stops
         for old in {id(x): x for x in (self._inner, self._last) if x is not None}.values():
             self._retire(old)
@@ -590,11 +607,11 @@ def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | Non
           label_mode: str | None = "auto", threads: int | None = None,
           inflight: int | None = None, ram_gb: float | None = None, queue: int | None = None,
           prefetch: int | None = None, profile: str | None = None, constraints: Any = None,
-          runtime: Any = None, rank: int = 0, world_size: int = 1,
+          runtime: Any = None, rank: int = 0, world_size: int = 1, tail: str | None = None,
           resume: bytes | None = None, start: int | None = None, end: int | None = None,
           store: str | None = None, recursive: bool = True, autopack: bool = False,
           shard_mb: float = 512, tune: bool | None = None, timeline: bool | float = False,
-          **options: Any) -> ImageLoader:
+          transform: Any = None, **options: Any) -> ImageLoader:
     """Decoded, augmented image batches from a store, an mx8 pack or a raw image folder.
 
     Example (mx8's README, unchanged)::
@@ -639,7 +656,7 @@ def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | Non
         to_torch: yield torch tensors (torch is imported only then).
         label_mode: for raw folders, as in :func:`headrace.pack_dir`.
         threads, inflight, ram_gb, queue, prefetch, profile, constraints, runtime, rank,
-            world_size, resume: as in :class:`headrace.Loader`.
+            world_size, tail, resume: as in :class:`headrace.Loader`.
         start, end: read only records ``[start, end)`` (set together; mx8's ``start``/``end``).
             Augmentations stay keyed by the record id, so a sub-range decodes its records
             exactly as the full range does.
@@ -649,6 +666,9 @@ def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | Non
             decoded without packing; the profile sizes the threads).
         timeline: record a stats timeline over all epochs (``True``: a snapshot every 0.5 s; a
             number: the period in seconds) for ``stats_timeline()`` and ``headrace.plot``.
+        transform: ``fn(batch, ids) -> batch``, run in the loader's threads on each
+            ``(images, labels)`` batch as it would be yielded (``ids``: its record ids); the
+            loader yields what it returns.
         **options: links only: S3 settings (``endpoint``, ``region``, ``profile``, ...,
             ``s3=S3Options(...)``), ``cache_dir``/``cache_bytes``, ``max_inflight``, ``verify``.
     """
@@ -678,8 +698,7 @@ def _image_options(given: dict[str, Any]) -> dict[str, Any]:
         elif key in link_names:
             link[key] = value
         else:
-            raise ConfigError(f"unknown image() argument {key!r}; see help(headrace.image) (S3 "
-                              f"settings: {', '.join(sorted(link_names))})")
+            refuse_unknown([key], set(params) | link_names, "image()")
     for key in _IGNORED:
         del opts[key]
     if opts["store"] is not None:

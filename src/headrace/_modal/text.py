@@ -17,7 +17,8 @@ In both, windows start every ``stride`` tokens and stop with the first window th
 ``min(ceil(L / stride), 1 + ceil(max(L - seq_len, 0) / stride))`` windows (mx8's rule, observed).
 ``stride < seq_len`` overlaps windows, ``stride > seq_len`` skips the tokens between them. A
 window shorter than ``seq_len`` is padded with ``pad_id`` (default: the EOS id, as mx8) and its
-mask is False there; ``drop_last=True`` drops the concat stream's partial last window.
+mask is False there; ``drop_last=True`` drops the concat stream's partial last window (and, as on
+every loader, an incomplete last batch).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import shutil
 import tempfile
 import threading
 import weakref
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -40,8 +42,15 @@ from headrace._base.errors import (
     LoaderError,
     RecordIndexError,
 )
-from headrace._engine.lifecycle import EmptyStreak, InnerState, refuse_empty
-from headrace._engine.loader import Loader
+from headrace._engine.keywords import keyword_names, refuse_unknown
+from headrace._engine.lifecycle import (
+    YIELD_KEY,
+    EmptyStreak,
+    InnerState,
+    ThenTransform,
+    refuse_empty,
+)
+from headrace._engine.loader import Loader, resolve_order
 from headrace._engine.timeline import TimelineMixin, timeline_period
 from headrace._pack.text import TEXT_ATTR, is_mx8_pack, pack_text
 from headrace._pack.tokenizer import as_tokenizer
@@ -373,11 +382,9 @@ class TextLoader(InnerState, TimelineMixin):
         self._streak.full()
         self._tokens += int(batch["tokens"].size)
         self._tick_timeline()
-        if self.to_torch:
-            import torch
-
-            return {k: None if v is None else torch.from_numpy(v) for k, v in batch.items()}
-        return batch
+        if YIELD_KEY in batch:
+            return batch[YIELD_KEY]
+        return _finish(self.to_torch, batch)
 
     def __len__(self) -> int:
         return len(self._loader)
@@ -421,11 +428,32 @@ class TextLoader(InnerState, TimelineMixin):
                 f"batch={self.batch_size}, windows={self.windows})")
 
 
+def _finish(to_torch: bool, batch: dict[str, Any]) -> dict[str, Any]:
+    """A batch of rows as the loader yields it."""
+    if to_torch:
+        import torch
+
+        return {k: None if v is None else torch.from_numpy(v) for k, v in batch.items()}
+    return batch
+
+
 def _cleanup(loader: Loader, closer: Any, temp_dir: str | None) -> None:
     loader.close()
     closer.close()
     if temp_dir is not None:
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    """``text()``'s ``**options`` are packing and S3 settings; anything else is a misspelling."""
+    import dataclasses
+
+    from headrace._remote.objstore import S3Options
+
+    valid = ({"batch_mb", "chunk_mb", "autopack", "shard_mb", "s3", "store", "cache_bytes",
+              "max_inflight", "verify"} | {f.name for f in dataclasses.fields(S3Options)})
+    if not valid.issuperset(options):
+        refuse_unknown(options, valid | keyword_names(text), "text()")
 
 
 def _positive(name: str, value: Any, mx8_name: str | None = None) -> int:
@@ -553,7 +581,7 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
          threads: int | None = None, inflight: int | None = None, ram_gb: float | None = None,
          queue: int | None = None, prefetch: int | None = None, profile: str | None = None,
          constraints: Any = None, runtime: Any = None, rank: int = 0, world_size: int = 1,
-         resume: bytes | None = None, timeline: bool | float = False,
+         resume: bytes | None = None, timeline: bool | float = False, transform: Any = None,
          **options: Any) -> TextLoader:
     """Token windows ``(batch, seq_len)`` for language-model training, deterministic and resumable.
 
@@ -591,7 +619,9 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
             ``"pad"`` (each document cut into its own rows and padded, as mx8).
         shuffle, order, seed, epoch, epochs: window order, as :class:`headrace.Loader`
             (``shuffle=True`` is ``order="shuffle"``: a keyed permutation of window ids per epoch).
-        drop_last: drop the concat stream's partial last window (rows are then all full).
+        drop_last: every batch full: drop the concat stream's partial last window (so rows are
+            all full) and an incomplete last batch of each epoch (``tail="drop"``, as every
+            loader's ``drop_last``).
         tail: an incomplete last batch of an epoch: ``"partial"`` (default for one rank),
             ``"drop"`` or ``"pad"`` (default for several ranks), as :class:`headrace.Loader`.
         bos_id, eos_id, pad_id: override the special ids; padding uses ``pad_id``, default the
@@ -609,6 +639,9 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
             world_size, resume: as :class:`headrace.Loader`.
         timeline: record a stats timeline (``True``: a snapshot every 0.5 s; a number: the
             period in seconds) for ``stats_timeline()`` and ``headrace.plot``.
+        transform: ``fn(batch, ids) -> batch``, run in the loader's threads on each batch as it
+            would be yielded (``ids``: its window ids, ``stream=True``: its document ids); the
+            loader yields what it returns.
         **options: S3 options for an ``s3://`` raw-text source. mx8's ``autopack`` and
             ``shard_mb`` are accepted and ignored (raw text is always packed).
 
@@ -626,13 +659,12 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
         raise ConfigError(f'invalid decode_error_policy="{on_decode_error}" (expected: error|skip)')
     if packing not in _PACKINGS:
         raise ConfigError(f"packing={packing!r} must be 'concat' or 'pad'")
-    if order is None:
-        order = "shuffle" if shuffle else "sequential"
-    elif shuffle and str(order).lower() != "shuffle":
-        raise ConfigError(f"shuffle=True conflicts with order={order!r}; pass only one")
+    order = resolve_order(order, shuffle)
+    _check_options(options)
     for mx8_only in ("autopack", "shard_mb"):
         options.pop(mx8_only, None)
     loader_kw = {"order": order, "seed": seed, "epoch": epoch, "epochs": epochs, "tail": tail,
+                 "drop_last": drop_last,
                  "rank": rank, "world_size": world_size, "threads": threads,
                  "inflight": inflight, "ram_gb": ram_gb, "queue": queue, "prefetch": prefetch,
                  "profile": profile, "constraints": constraints, "runtime": runtime,
@@ -644,7 +676,8 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
                               on_decode_error=on_decode_error, packing=packing,
                               drop_last=drop_last, ids=(bos_id, eos_id, pad_id),
                               text_key=text_key, recursive=recursive, to_torch=to_torch,
-                              loader_kw=loader_kw, options=options, timeline_s=timeline_s)
+                              loader_kw=loader_kw, options=options, timeline_s=timeline_s,
+                              transform=transform)
     store, temp, info = _open_tokens(data, field=field, tokenizer=tokenizer, text_key=text_key,
                                      txt_mode=txt_mode, recursive=recursive,
                                      on_decode_error=on_decode_error,
@@ -657,8 +690,10 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
                               bos_id=specials[0], eos_id=specials[1], pad_id=specials[2],
                               drop_last=drop_last, return_mask=return_mask, truncate=truncate)
         refuse_empty(len(source), f"token windows of {seq_len} tokens", store.path)
+        user = None if transform is None else ThenTransform(
+            None, partial(_finish, to_torch), transform, "doc_ids")
         try:
-            loader = Loader(source, batch=batch, **loader_kw)
+            loader = Loader(source, batch=batch, transform=user, **loader_kw)
         except CheckpointError as e:
             e.add_note("a text checkpoint also pins packing, seq_len, stride, BOS/EOS and the "
                        "special ids")
@@ -678,7 +713,8 @@ def _stream_loader(data: Any, *, batch: int, tokenizer: Any, seq_len: int, strid
                    on_decode_error: str, packing: str, drop_last: bool,
                    ids: tuple[int | None, int | None, int | None], text_key: str,
                    recursive: bool, to_torch: bool, loader_kw: dict[str, Any],
-                   options: dict[str, Any], timeline_s: float | None) -> TextLoader:
+                   options: dict[str, Any], timeline_s: float | None,
+                   transform: Any = None) -> TextLoader:
     if packing != "pad" or drop_last:
         raise ConfigError("stream=True cuts each document on its own (packing='pad', no "
                           "drop_last): concat windows need every document's token count up "
@@ -694,8 +730,10 @@ def _stream_loader(data: Any, *, batch: int, tokenizer: Any, seq_len: int, strid
                            pad_id=specials[2], truncate=truncate,
                            on_decode_error=on_decode_error, return_mask=return_mask)
         per_row = seq_len * (4 + int(return_mask)) + 8
+        work: Any = rows if transform is None else ThenTransform(
+            rows, partial(_finish, to_torch), transform, "doc_ids")
         # An estimate (one row per document): rows are known only after tokenizing.
-        loader = Loader(source, batch=batch, transform=rows,
+        loader = Loader(source, batch=batch, transform=work,
                         transform_nbytes=lambda k: k * per_row, **loader_kw)
     except BaseException:
         source.close()

@@ -24,13 +24,20 @@ and ``stats()`` (``on_error="error"`` refuses to start instead, naming the first
 from __future__ import annotations
 
 import threading
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from headrace._base.errors import ConfigError, DecodeError
-from headrace._engine.lifecycle import INNER_LOADER_KEYWORDS, SingleLoaderWrapper
-from headrace._engine.loader import Loader
+from headrace._engine.keywords import checked
+from headrace._engine.lifecycle import (
+    INNER_LOADER_KEYWORDS,
+    YIELD_KEY,
+    SingleLoaderWrapper,
+    ThenTransform,
+)
+from headrace._engine.loader import Loader, resolve_order
 from headrace._engine.timeline import timeline_period
 from headrace._modal.video_index import FAILURE_KINDS, ClipIndex, build_index, fps_fraction
 from headrace._sources.media import MediaFiles, open_media
@@ -230,6 +237,15 @@ class _Decoder:
         return {"frames": out, **batch}
 
 
+def _finish(to_torch: bool, b: dict[str, Any]) -> Any:
+    """A decoded batch as the loader yields it."""
+    if to_torch:
+        import torch
+
+        return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in b.items()}
+    return b
+
+
 class VideoLoader(SingleLoaderWrapper):
     """Iterates clip batches; built by :func:`video` (see it for the arguments).
 
@@ -247,7 +263,7 @@ class VideoLoader(SingleLoaderWrapper):
                  epoch: int, epochs: int | None, drop_last: bool, to_torch: bool,
                  labels: bool | None, index_dir: Any, progress: bool | None,
                  loader_kw: dict[str, Any], resume: bytes | None,
-                 timeline: bool | float = False) -> None:
+                 timeline: bool | float = False, transform: Any = None) -> None:
         timeline_s = timeline_period(timeline)
         if on_error not in _ERROR_POLICIES:
             raise ConfigError(f"on_error={on_error!r} must be 'count' or 'error'")
@@ -282,9 +298,13 @@ class VideoLoader(SingleLoaderWrapper):
             self.bytes_per_clip = per_clip
             self._job = _Job(index=self.index, files=self.files, frame_hw=self.frame_hw,
                              resize=resize, on_error=on_error)
+            decoder: Any = _Decoder(self._job)
+            if transform is not None:
+                decoder = ThenTransform(decoder, partial(_finish, self.to_torch), transform,
+                                        "clip_ids")
             self._inner = Loader(ClipSource(self.index, self.files), batch=batch, order=order,
                                  seed=seed, epoch=epoch, epochs=epochs, drop_last=drop_last,
-                                 transform=_Decoder(self._job),
+                                 transform=decoder,
                                  transform_nbytes=lambda k: k * per_clip, resume=resume,
                                  close_source=False, **loader_kw)
         except BaseException:
@@ -315,13 +335,11 @@ class VideoLoader(SingleLoaderWrapper):
 
     # -- iteration -------------------------------------------------------------------------------
 
-    def __next__(self) -> dict[str, Any]:
+    def __next__(self) -> Any:
         b = self._next_delivered("clip_ids")
-        if self.to_torch:
-            import torch
-
-            return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in b.items()}
-        return b
+        if YIELD_KEY in b:
+            return b[YIELD_KEY]
+        return _finish(self.to_torch, b)
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -367,6 +385,7 @@ class VideoLoader(SingleLoaderWrapper):
                 f"stride={self.index.stride}, fps={self.fps}, batch={self.batch_size})")
 
 
+@checked("video()")
 def video(data: Any, *, clip: int = 16, stride: int = 8, fps: Any = 8, batch: int = 32,
           seed: int = 0, epoch: int = 0, epochs: int | None = 1, shuffle: bool = False,
           order: str | None = None, drop_last: bool = False,
@@ -375,7 +394,8 @@ def video(data: Any, *, clip: int = 16, stride: int = 8, fps: Any = 8, batch: in
           progress: bool | None = None, threads: int | None = None, inflight: int | None = None, ram_gb: float | None = None,
           queue: int | None = None, prefetch: int | None = None, profile: str | None = None,
           constraints: Any = None, runtime: Any = None, rank: int = 0, world_size: int = 1,
-          resume: bytes | None = None, timeline: bool | float = False) -> VideoLoader:
+          tail: str | None = None, resume: bytes | None = None,
+          timeline: bool | float = False, transform: Any = None) -> VideoLoader:
     """Clips of ``clip`` frames at ``fps``, every ``stride`` resampled frames, from a folder of
     videos or a store of video files.
 
@@ -407,9 +427,11 @@ def video(data: Any, *, clip: int = 16, stride: int = 8, fps: Any = 8, batch: in
         progress: a progress bar on stderr while the videos are probed (``None``: only on a
             terminal; a cached probe shows none).
         threads, inflight, ram_gb, queue, prefetch, profile, constraints, runtime, rank,
-            world_size, resume: as in :class:`headrace.Loader`.
+            world_size, tail, resume: as in :class:`headrace.Loader`.
         timeline: record a stats timeline (``True``: a snapshot every 0.5 s; a number: the
             period in seconds) for ``stats_timeline()`` and ``headrace.plot``.
+        transform: ``fn(batch, ids) -> batch``, run in the loader's threads on each batch as it
+            would be yielded (``ids``: its clip ids); the loader yields what it returns.
 
     Raises:
         ConfigError: bad knobs, no usable clip at all, or differing frame sizes without
@@ -417,8 +439,8 @@ def video(data: Any, *, clip: int = 16, stride: int = 8, fps: Any = 8, batch: in
     """
     loader_kw = {k: v for k, v in locals().items() if k in INNER_LOADER_KEYWORDS}
     return VideoLoader(data, clip=clip, stride=stride, fps=fps, batch=batch, resize=resize,
-                       on_error=on_error, order=order or ("shuffle" if shuffle else "sequential"),
+                       on_error=on_error, order=resolve_order(order, shuffle),
                        seed=seed, epoch=epoch, epochs=epochs, drop_last=drop_last,
                        to_torch=to_torch, labels=labels, index_dir=index_dir,
                        progress=progress, loader_kw=loader_kw, resume=resume,
-                       timeline=timeline)
+                       timeline=timeline, transform=transform)

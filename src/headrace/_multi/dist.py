@@ -34,6 +34,12 @@ _MX8_IGNORED = ("coord_url", "job_id", "node_id", "progress_interval_ms",
                 "grpc_max_message_bytes", "want")
 
 
+def _one(name: str, value: Any, mx8_name: str, mx8_value: Any) -> Any:
+    if value is not None and mx8_value is not None and value != mx8_value:
+        raise ConfigError(f"{name}={value!r} conflicts with {mx8_name}={mx8_value!r}; pass one")
+    return mx8_value if value is None else value
+
+
 def _resume_position(token: bytes | None) -> int | None:
     if token is None:
         return None
@@ -57,14 +63,16 @@ class DistributedDataLoader(InnerState, TimelineMixin):
         batch: records per batch on each rank (``batch_size_samples`` is mx8's name).
         order, seed, epoch, epochs: as ``headrace.Loader``. ``seed=None`` lets rank 0 draw a seed
             that every rank then uses.
-        tail: ``"pad"`` (default) or ``"drop"``; ``"partial"`` is allowed but ranks may then get
+        tail: ``"pad"`` (default; ``"drop"`` with ``drop_last=True``) or ``"drop"``;
+            ``"partial"`` is allowed but ranks may then get
             different batch counts.
         rank, world_size, local_rank: override what the launcher says (torchrun, SLURM,
             ``jax.distributed``; see ``headrace._engine.launcher``).
         resume, resume_from: a checkpoint token (any rank's, any world size).
         check: compare snapshot and seed across ranks before reading (default True).
         max_inflight_bytes, max_queue_batches, prefetch_batches, max_ram_gb, profile, constraints,
-            runtime, autotune: memory knobs, mx8 spelling (``autotune`` is accepted; the loader's
+            runtime, autotune: memory knobs, mx8 spelling (``inflight``, ``queue``, ``prefetch``,
+            ``ram_gb``: the same, as every loader spells them) (``autotune`` is accepted; the loader's
             caps are fixed).
         coord_url, job_id, node_id, want, progress_interval_ms, grpc_max_message_bytes: mx8's
             coordinator settings; accepted and ignored (headrace needs no coordinator).
@@ -81,7 +89,8 @@ class DistributedDataLoader(InnerState, TimelineMixin):
 
     def __init__(self, data: Any = None, *, batch: int | None = None,
                  batch_size_samples: int | None = None, order: Any = "sequential",
-                 seed: int | None = 0, epoch: int = 0, epochs: int | None = 1, tail: str = "pad",
+                 seed: int | None = 0, epoch: int = 0, epochs: int | None = 1,
+                 tail: str | None = None,
                  rank: int | None = None, world_size: int | None = None,
                  local_rank: int | None = None, resume: bytes | None = None,
                  resume_from: bytes | None = None, check: bool = True,
@@ -107,6 +116,16 @@ class DistributedDataLoader(InnerState, TimelineMixin):
         if resume is not None and resume_from is not None and resume != resume_from:
             raise ConfigError("resume= and resume_from= differ; pass one token")
         token = resume if resume is not None else resume_from
+        # headrace's core names of the mx8 memory knobs (every loader takes them): one of each
+        max_inflight_bytes = _one("inflight", loader_kwargs.pop("inflight", None),
+                                  "max_inflight_bytes", max_inflight_bytes)
+        max_queue_batches = _one("queue", loader_kwargs.pop("queue", None),
+                                 "max_queue_batches", max_queue_batches)
+        prefetch_batches = _one("prefetch", loader_kwargs.pop("prefetch", None),
+                                "prefetch_batches", prefetch_batches)
+        max_ram_gb = _one("ram_gb", loader_kwargs.pop("ram_gb", None), "max_ram_gb", max_ram_gb)
+        if tail is None:
+            tail = "drop" if loader_kwargs.get("drop_last") else "pad"
         del autotune  # accepted for mx8 compatibility; caps here are fixed, never tuned
         self.launch: Launch = detect(rank=rank, world_size=world_size, local_rank=local_rank)
         from headrace._engine.loader import Loader

@@ -54,7 +54,7 @@ def run(data: Any, *, batch: int = 512, ram_gb: float | None = 8.0, profile: str
     if not launch.distributed:
         import headrace
 
-        for key in ("tail", "check", "local_rank"):
+        for key in ("check", "local_rank"):  # the agreement check and device: several ranks only
             kwargs.pop(key, None)
         return headrace.load(data, batch=batch, ram_gb=ram_gb, profile=profile, resume=resume,
                              constraints=constraints, runtime=runtime, **kwargs)
