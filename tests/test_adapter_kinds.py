@@ -195,6 +195,12 @@ def test_jax_load_state_dict_restores_in_place(kind: str, data: Path,
         head = [next(batches) for _ in range(2)]
         state = batches.state_dict()
         check_stream(list(batches), want[2:], jax.Array)
+    with build() as plain:  # the loader's own state after the same two batches
+        next(plain), next(plain)
+        assert state == plain.state_dict()
+    with build() as loader:
+        batches = headrace.jax.iterator(loader, prefetch=2)
+        check_stream(list(batches), want, jax.Array)
         # Back to the saved point on the same iterator and loader, after reading to the end.
         batches.load_state_dict(state)
         check_stream(list(batches), want[2:], jax.Array)

@@ -37,6 +37,7 @@ import numpy as np
 
 from headrace._base.errors import ConfigError
 from headrace._engine.batch import STATE_KEY, Path, describe, map_leaves, select, token_of
+from headrace._engine.checkpoint import as_state
 from headrace._store.reader import Ragged
 
 __all__ = ["DeviceIterator", "iterator"]
@@ -65,13 +66,11 @@ class _CheckpointingLoader(Protocol):
 class _Placed:
     """One batch already handed to the device, with the loader state right after it."""
 
-    __slots__ = ("arrays", "ids", "state", "token")
+    __slots__ = ("arrays", "ids", "token")
 
-    def __init__(self, arrays: Any, token: bytes, state: dict[str, Any] | None,
-                 ids: np.ndarray | None) -> None:
+    def __init__(self, arrays: Any, token: bytes, ids: np.ndarray | None) -> None:
         self.arrays = arrays
         self.token = token
-        self.state = state
         self.ids = ids
 
 
@@ -159,16 +158,9 @@ class DeviceIterator(Iterator[Any]):
     def _start(self) -> None:
         # The state before anything is read: a fresh, resumed or restored loader, as it stands.
         self._token = self._loader.checkpoint()
-        self._state = self._capture_state()
         self._source: Iterator[Any] = iter(self._loader)
         self._queue: collections.deque[_Placed | BaseException] = collections.deque()
         self._exhausted = False
-
-    def _capture_state(self) -> dict[str, Any] | None:
-        if not self._stateful:
-            return None
-        state: dict[str, Any] = self._loader.state_dict()  # type: ignore[attr-defined]
-        return state
 
     @property
     def loader(self) -> _CheckpointingLoader:
@@ -189,8 +181,10 @@ class DeviceIterator(Iterator[Any]):
         A loader without ``state_dict()`` gives ``{"headrace_checkpoint": token}``. Restore with
         ``load_state_dict`` on this iterator (or on a new one over the same loader settings).
         """
-        if self._state is not None:
-            return self._state
+        if self._stateful:
+            # A headrace loader's state_dict() is its checkpoint token as a dict
+            # (docs/checkpoint.md), so the token kept per batch gives it: no second call per batch.
+            return as_state(self._token)
         return {STATE_KEY: self._token}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -233,7 +227,6 @@ class DeviceIterator(Iterator[Any]):
             self.close()
             raise item
         self._token = item.token
-        self._state = item.state
         self.last_ids = item.ids
         return item.arrays
 
@@ -253,10 +246,8 @@ class DeviceIterator(Iterator[Any]):
             try:
                 host = next(self._source)
                 token = self._loader.checkpoint()
-                state = self._capture_state()
                 ids = getattr(self._loader, "last_ids", None)
-                placed = _Placed(self._place(host), token, state,
-                                 None if ids is None else np.array(ids))
+                placed = _Placed(self._place(host), token, None if ids is None else np.array(ids))
             except StopIteration:
                 self._exhausted = True
                 return
