@@ -12,8 +12,16 @@ How the Python blocks run (``test_the_python_blocks_run``):
   under the names it uses (``train.hr``, ``imagenet/train/``, ``speech/`` ...), and put a few
   stand-ins for the reader's own code in the namespace (``STAND_INS``: ``train_step``, ``save``
   ...). Nothing else is injected: each block imports what it uses, so it can be pasted.
+  A page listing ``"s3"`` runs against a real S3 server (moto, on loopback) holding bucket
+  ``bucket``, with the AWS variables pointing at it; link snapshots always go to the test's own
+  manifest store.
 * Tracebacks point at the page and line: a block is compiled as if it sat at its line in the .md.
 * Afterwards every headrace object left in the namespace is closed.
+
+Adding a block: make it run on its own (imports, relative paths, loops that end, outputs that do
+not collide with what the page made before); if it reads data, name a fixture for its page in
+``PAGES`` (or add one to ``FIXTURES``: tiny, a few milliseconds). The whole test stays in the tens
+of seconds.
 """
 
 import contextlib
