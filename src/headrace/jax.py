@@ -36,7 +36,7 @@ import jax
 import numpy as np
 
 from headrace._base.errors import ConfigError
-from headrace._engine.batch import STATE_KEY, Path, describe, map_leaves, select, token_of
+from headrace._engine.batch import STATE_KEY, LeafPath, describe, map_leaves, select, token_of
 from headrace._engine.checkpoint import as_state
 from headrace._store.reader import Ragged
 
@@ -262,9 +262,9 @@ class DeviceIterator(Iterator[Any]):
         # One device_put for the whole batch: its numeric leaves in a list, the structure kept
         # aside with a slot where each goes back.
         leaves: list[Any] = []
-        where: list[Path] = []
+        where: list[LeafPath] = []
 
-        def to_host(value: Any, path: Path) -> Any:
+        def to_host(value: Any, path: LeafPath) -> Any:
             if isinstance(value, Ragged):
                 self._check_ragged_placeable(path)
                 leaves.append(Ragged(self._host(value.values), self._host(value.offsets)))
@@ -307,7 +307,7 @@ class DeviceIterator(Iterator[Any]):
             return aligned
         return array
 
-    def _check_ragged_placeable(self, path: Path) -> None:
+    def _check_ragged_placeable(self, path: LeafPath) -> None:
         if self._multiprocess or not (
                 self._sharding is None or self._sharding.is_fully_replicated):
             raise ConfigError(

@@ -39,7 +39,7 @@ import torch
 import torch.utils.data
 
 from headrace._base.errors import ConfigError
-from headrace._engine.batch import STATE_KEY, Path, map_leaves, select, state_of, token_of
+from headrace._engine.batch import STATE_KEY, LeafPath, map_leaves, select, state_of, token_of
 from headrace._store.reader import Ragged
 
 __all__ = ["IterableDataset", "as_tensors"]
@@ -315,7 +315,7 @@ def as_tensors(batch: Any, *, pin_memory: bool = False,
         ConfigError: a name in ``fields`` is not in the batch, or ``fields`` with a batch that is
             not a mapping.
     """
-    def leaf(value: Any, path: Path) -> Any:
+    def leaf(value: Any, path: LeafPath) -> Any:
         if isinstance(value, Ragged):
             # Ragged is annotated for NumPy; the same NamedTuple carries the two tensors here.
             return Ragged(cast(Any, _tensor(value.values, pin_memory)),

@@ -19,9 +19,9 @@ from typing import Any
 from headrace._base.errors import ConfigError
 from headrace._store.reader import Ragged
 
-__all__ = ["Path", "describe", "map_leaves", "select", "state_of", "token_of"]
+__all__ = ["STATE_KEY", "LeafPath", "describe", "map_leaves", "select", "state_of", "token_of"]
 
-Path = tuple[Any, ...]
+LeafPath = tuple[Any, ...]
 """Where a leaf sits in a batch: the keys and indices from the top, e.g. ``("audio", 0)``."""
 
 STATE_KEY = "headrace_checkpoint"
@@ -51,7 +51,7 @@ def select(batch: Any, fields: Iterable[str] | None) -> Any:
     return {name: batch[name] for name in fields}
 
 
-def map_leaves(batch: Any, leaf: Callable[[Any, Path], Any], path: Path = ()) -> Any:
+def map_leaves(batch: Any, leaf: Callable[[Any, LeafPath], Any], path: LeafPath = ()) -> Any:
     """The same structure as ``batch`` with every leaf replaced by ``leaf(value, path)``."""
     if isinstance(batch, Ragged):
         return leaf(batch, path)
@@ -73,7 +73,7 @@ def map_leaves(batch: Any, leaf: Callable[[Any, Path], Any], path: Path = ()) ->
     return leaf(batch, path)
 
 
-def describe(path: Path) -> str:
+def describe(path: LeafPath) -> str:
     """``field 'tokens'`` for a top-level field, else the subscript from the batch: ``batch[0]``."""
     if len(path) == 1 and isinstance(path[0], str):
         return f"field {path[0]!r}"
