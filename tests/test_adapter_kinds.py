@@ -326,3 +326,19 @@ def test_torch_built_loader_refuses_loader_keywords(data: Path) -> None:
     with make("arrays", data)() as loader, pytest.raises(headrace.ConfigError,
                                                         match="built loader"):
         headrace.torch.IterableDataset(loader, batch=4)
+
+
+def test_torch_dataset_over_a_built_loader_follows_the_loaders_epochs(data: Path) -> None:
+    loader = headrace.Loader(data / "a.hr", batch=8, order="shuffle", seed=1, epochs=1)
+    ds = headrace.torch.IterableDataset(loader)
+    assert len(list(DataLoader(ds, batch_size=None, num_workers=0))) == 5
+    # A finished loader refuses a silent empty pass; set_epoch (the loader's own) reads again.
+    with pytest.raises(headrace.LoaderError, match="set_epoch"):
+        list(ds)
+    ds.set_epoch(1)
+    got = list(DataLoader(ds, batch_size=None, num_workers=0))
+    with headrace.Loader(data / "a.hr", batch=8, order="shuffle", seed=1, epoch=1) as epoch1:
+        check_stream(got, list(epoch1), torch.Tensor)
+    ds.close()
+    with pytest.raises(headrace.LoaderError, match="closed"):
+        list(ds)
