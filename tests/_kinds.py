@@ -136,7 +136,8 @@ def _video(d: Data, **kw: Any) -> Any:
 
 def _mix(d: Data, **kw: Any) -> Any:
     """Two text sources (an LLM data mixture) and an array loader, 2:1:1, dropped as they end."""
-    src_kw = {k: kw.pop(k) for k in ("epochs",) if k in kw}
+    src_kw = {k: kw[k] for k in ("epoch", "epochs") if k in kw}
+    kw.pop("epochs", None)
     sources = [headrace.text(str(d.tokens), batch=BATCH, seq_len=8, shuffle=True, seed=1,
                              threads=1, **src_kw),
                headrace.text(str(d.tokens_b), batch=BATCH, seq_len=8, shuffle=True, seed=2,
@@ -147,7 +148,8 @@ def _mix(d: Data, **kw: Any) -> Any:
 
 def _mix_arrays(d: Data, **kw: Any) -> Any:
     """Two array loaders over halves of one store, 2:1, dropped as they end."""
-    src_kw = {k: kw.pop(k) for k in ("epochs",) if k in kw}
+    src_kw = {k: kw[k] for k in ("epoch", "epochs") if k in kw}
+    kw.pop("epochs", None)
     sources = [headrace.load(str(d.store), batch=BATCH, start=0, end=24, shuffle=True, seed=1,
                              threads=1, **src_kw),
                headrace.load(str(d.store), batch=BATCH, start=24, end=40, shuffle=True, seed=2,

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import headrace
 from _kinds import KINDS, Data, Kind
 from _loader_util import as_plain
 from headrace._engine import checkpoint as _checkpoint
@@ -41,14 +42,16 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Data:
 
 
 def read(loader: Any, count: int | None = None) -> list[Any]:
-    """Up to ``count`` batches (all when None) as plain, comparable Python data."""
+    """Up to ``count`` batches (all when None) as plain, comparable Python data (with ``next``:
+    a loader resumed after its last batch has nothing to give, which ``next`` says alike for
+    every kind)."""
     out: list[Any] = []
-    if count == 0:
-        return out
-    for batch in loader:
-        out.append(as_plain(batch))
-        if count is not None and len(out) >= count:
+    while count is None or len(out) < count:
+        try:
+            batch = next(loader)
+        except StopIteration:
             break
+        out.append(as_plain(batch))
     return out
 
 
@@ -60,7 +63,7 @@ def reference(kind: Kind, data: Data, **kw: Any) -> list[Any]:
 # -- state: checkpoint() / resume= -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", kinds("mix"), ids=repr)
+@pytest.mark.parametrize("kind", ALL, ids=repr)
 def test_checkpoint_resume_continues_exactly(kind: Kind, data: Data) -> None:
     ref = reference(kind, data)
     n = len(ref)
@@ -77,7 +80,7 @@ def test_checkpoint_resume_continues_exactly(kind: Kind, data: Data) -> None:
         assert head + rest == ref, f"{kind}: stop={stop}: the resumed stream differs"
 
 
-@pytest.mark.parametrize("kind", kinds("mix", "mix-arrays"), ids=repr)
+@pytest.mark.parametrize("kind", ALL, ids=repr)
 def test_checkpoint_is_one_json_token_format(kind: Kind, data: Data) -> None:
     with kind.make(data) as loader:
         read(loader, 2)
@@ -86,10 +89,133 @@ def test_checkpoint_is_one_json_token_format(kind: Kind, data: Data) -> None:
     assert body["format"] == _checkpoint.FORMAT
 
 
+@pytest.mark.parametrize("kind", ALL, ids=repr)
+def test_state_dict_and_load_state_dict_continue_exactly_in_place(kind: Kind, data: Data) -> None:
+    ref = reference(kind, data)
+    n = len(ref)
+    with kind.make(data) as loader:
+        head = read(loader, 2)
+        state = loader.state_dict()
+        assert json.loads(json.dumps(state)) == state  # JSON-able, as torchdata saves it
+        read(loader, 1)
+        loader.load_state_dict(state)  # back, in place
+        rest = read(loader, n - 2)
+        assert kind.endless or next(loader, None) is None
+    assert head + rest == ref
+    with kind.make(data) as fresh:
+        fresh.load_state_dict(state)
+        assert head + read(fresh, n - 2) == ref
+    with kind.make(data, resume=state) as resumed:  # resume= takes the dict too
+        assert head + read(resumed, n - 2) == ref
+
+
+@pytest.mark.parametrize("kind", ALL, ids=repr)
+def test_a_for_part_way_through_continues(kind: Kind, data: Data) -> None:
+    ref = reference(kind, data)
+    with kind.make(data) as loader:
+        got = []
+        for batch in loader:
+            got.append(as_plain(batch))
+            if len(got) == 2:
+                break
+        for batch in loader:
+            got.append(as_plain(batch))
+            if len(got) == len(ref):
+                break
+    assert got == ref
+
+
+@pytest.mark.parametrize("kind", kinds("DataLoader"), ids=repr)
+def test_set_epoch_rewinds_and_a_finished_loader_says_so(kind: Kind, data: Data) -> None:
+    with kind.make(data) as loader:
+        epoch0 = [as_plain(b) for b in loader]
+        with pytest.raises(headrace.LoaderError, match="set_epoch"):
+            iter(loader)  # never a silent empty pass
+        loader.set_epoch(1)
+        epoch1 = [as_plain(b) for b in loader]
+        loader.set_epoch(0)
+        again = [as_plain(b) for b in loader]
+    assert again == epoch0 and len(epoch1) == len(epoch0)
+    assert epoch1 != epoch0  # shuffled: another epoch is another order
+    with kind.make(data, epoch=1) as built:
+        assert [as_plain(b) for b in built] == epoch1
+
+
+# -- as a source of a mix ----------------------------------------------------------------------
+
+
+def _mixed(kind: Kind, data: Data, policy: str, resume: Any = None) -> Any:
+    """Two loaders of ``kind`` (other seeds) in a mix, 2:1, on one shared byte budget that holds
+    a few batches of each (a mix as a source keeps its own budget: the outer one cannot split
+    it)."""
+    sources = [kind.make(data, seed=1), kind.make(data, seed=2)]
+    cap = None
+    if not isinstance(sources[0], headrace.MixedLoader):
+        cap = 3 * sum(s._batch_need() for s in sources)
+    return headrace.mix(sources, weights=[2, 1], on_source_exhausted=policy, inflight=cap,
+                        resume=resume)
+
+
+def _read_until_error(loader: Any, count: int | None) -> tuple[list[Any], bool]:
+    """Batches up to ``count`` and whether the mix raised ``LoaderError`` (policy "error")."""
+    out: list[Any] = []
+    while count is None or len(out) < count:
+        try:
+            batch = next(loader)
+        except StopIteration:
+            return out, False
+        except headrace.LoaderError:
+            return out, True
+        out.append(as_plain(batch))
+    return out, False
+
+
+@pytest.mark.parametrize("policy", ["error", "drop", "restart"])
+@pytest.mark.parametrize("kind", ALL, ids=repr)
+def test_mix_of_the_kind_shares_one_budget_and_resumes_exactly(kind: Kind, data: Data,
+                                                               policy: str) -> None:
+    with kind.make(data) as one:
+        per_source = len(read(one, kind.take))
+    take = kind.take if kind.endless else (3 * per_source + 2 if policy == "restart" else None)
+    with _mixed(kind, data, policy) as m:
+        ref, raised = _read_until_error(m, take)
+        s = m.stats()
+    if kind.endless or policy == "restart":
+        assert len(ref) == take and not raised
+        assert policy != "restart" or kind.endless or sum(s["mix_source_restarts_total"]) >= 2
+    elif policy == "drop":
+        assert len(ref) == 2 * per_source and s["mix_source_exhausted_total"] == [1, 1]
+    else:
+        assert raised and len(ref) < 2 * per_source
+    if s["mix_shared_budget"]:
+        assert 0 < s["mix_inflight_high_water_bytes"] <= s["mix_shared_max_inflight_bytes"]
+    else:
+        assert kind.name.startswith("mix"), f"{kind}: the sources keep their own caps"
+    for stop in sorted({1, len(ref) // 2}):
+        with _mixed(kind, data, policy) as first:
+            head, _ = _read_until_error(first, stop)
+            token = first.checkpoint()
+        assert json.loads(token)["kind"] == "mix"
+        with _mixed(kind, data, policy, resume=token) as second:
+            rest, raised_again = _read_until_error(second, None if take is None else take - stop)
+        assert head + rest == ref, f"{kind}/{policy}: stop={stop}: the resumed mix differs"
+        assert raised_again == raised
+
+
 # -- adapters ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", kinds("image", "audio"), ids=repr)
+def leaves(batch: Any) -> list[Any]:
+    """A batch's arrays in order (mappings by key; tuples, lists and named tuples in order),
+    whatever their type (NumPy, JAX, torch), skipping ``None``."""
+    if isinstance(batch, dict):
+        return [x for k in sorted(batch) for x in leaves(batch[k])]
+    if isinstance(batch, tuple | list):
+        return [x for v in batch for x in leaves(v)]
+    return [] if batch is None else [batch]
+
+
+@pytest.mark.parametrize("kind", ALL, ids=repr)
 def test_jax_iterator_accepts_the_batches(kind: Kind, data: Data) -> None:
     import headrace.jax
 
@@ -99,14 +225,15 @@ def test_jax_iterator_accepts_the_batches(kind: Kind, data: Data) -> None:
         it = headrace.jax.iterator(loader)
         placed = next(it)
         assert isinstance(it.checkpoint(), bytes)
-    host = {k: np.asarray(v) for k, v in placed.items()}
+    host = [np.asarray(v) for v in leaves(placed)]
+    want = [np.asarray(v) for v in leaves(first)]
+    assert len(host) == len(want) and type(placed) is type(first)
     # JAX without x64 holds 64-bit values as 32-bit: compare in the placed dtype
-    assert {k: v.tolist() for k, v in host.items()} == {
-        k: np.asarray(v).astype(host[k].dtype).tolist() for k, v in first.items()
-        if v is not None}
+    for got, ref in zip(host, want, strict=True):
+        assert got.tolist() == ref.astype(got.dtype).tolist()
 
 
-@pytest.mark.parametrize("kind", kinds("image", "audio", "mix"), ids=repr)
+@pytest.mark.parametrize("kind", ALL, ids=repr)
 def test_torch_adapters_accept_the_batches_and_resume(kind: Kind, data: Data) -> None:
     import torch
 
@@ -115,13 +242,14 @@ def test_torch_adapters_accept_the_batches_and_resume(kind: Kind, data: Data) ->
     with kind.make(data) as loader:
         batch = next(loader)
         tensors = headrace.torch.as_tensors(batch)
-    assert all(isinstance(v, torch.Tensor) for v in tensors.values() if v is not None)
+    assert type(tensors) is type(batch)
+    assert all(isinstance(v, torch.Tensor) for v in leaves(tensors))
 
     def factory(resume: bytes | None) -> Any:
         return kind.make(data, resume=resume)
 
     def plain(t: Any) -> Any:
-        return {k: None if v is None else v.tolist() for k, v in sorted(t.items())}
+        return [v.tolist() for v in leaves(t)]
 
     ds = headrace.torch.IterableDataset(factory)
     it = iter(ds)

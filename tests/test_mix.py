@@ -101,7 +101,7 @@ def test_mix_argument_errors():
             mix([a, b], on_source_exhausted="skip")
         with pytest.raises(ConfigError, match="identical batch sizes"):
             mix([a, _loader(2, batch=7)])
-        with pytest.raises(ConfigError, match="requires loaders"):
+        with pytest.raises(ConfigError, match=r"index 1 is a list without .*headrace loaders"):
             mix([a, [1, 2, 3]])
         with pytest.raises(ConfigError, match="starvation"):
             mix([a, b], starvation=0)
@@ -152,7 +152,9 @@ def test_exhausted_source_error_policy():
         with pytest.raises(LoaderError, match=r"source_idx=0, policy=error, schedule_ticks=4"):
             for _ in m:
                 pass
-        assert list(m) == []  # ended for good
+        assert next(m, None) is None  # ended: no batch, and a new pass says how to rewind
+        with pytest.raises(LoaderError, match=r"stopped at an error.*set_epoch"):
+            iter(m)
 
 
 @pytest.mark.parametrize("policy", ["drop", "allow"])
@@ -261,8 +263,7 @@ def test_resume_refuses_other_weights_seed_or_sources():
         _drain(m, 3)
         token = m.checkpoint()
     for kwargs, fragment in [({"weights": [1, 1]}, "weights mismatch"),
-                             ({"weights": [2, 1], "seed": 9}, "seed mismatch"),
-                             ({"weights": [2, 1], "epoch": 1}, "epoch mismatch")]:
+                             ({"weights": [2, 1], "seed": 9}, "seed mismatch")]:
         sources = _fresh()
         with pytest.raises(CheckpointError, match=fragment):
             mix(sources, resume=token, **kwargs)
@@ -272,8 +273,29 @@ def test_resume_refuses_other_weights_seed_or_sources():
     with pytest.raises(CheckpointError, match="source_count mismatch"):
         mix(one, resume=token)
     one[0].close()
-    with pytest.raises(CheckpointError, match="not a headrace mix token"):
-        mix(_fresh(), resume=b"garbage")
+    sources = _fresh()
+    with pytest.raises(CheckpointError, match="not a headrace token"):
+        mix(sources, resume=b"garbage")
+    with pytest.raises(CheckpointError, match="kind 'loader' for a mix"):
+        mix(sources, resume=sources[0].checkpoint())
+    # a source that refuses its state is named
+    other = [_loader(0, n=41, order="shuffle", seed=5), _loader(1, n=100, order="shuffle", seed=6)]
+    with pytest.raises(CheckpointError, match="length mismatch") as info:
+        mix(other, resume=token, weights=[2, 1])
+    assert "restoring mix source 0" in "\n".join(info.value.__notes__)
+    for s in sources + other:
+        s.close()
+
+
+def test_resume_adopts_the_token_epoch():
+    kwargs = {"weights": [1, 1], "on_source_exhausted": "drop"}
+    with mix(_fresh(), epoch=2, **kwargs) as m:
+        _drain(m, 3)
+        token = m.checkpoint()
+        rest = _drain(m)
+    with mix(_fresh(), epoch=0, resume=token, **kwargs) as resumed:
+        assert resumed.epoch == 2
+        assert _drain(resumed) == rest
 
 
 # -- one shared budget -------------------------------------------------------------------------
@@ -365,3 +387,91 @@ def test_distributed_loaders_mix_and_resume():
                                                               OFF * i + 8 * k + 8)])
     with mix(sources(), weights=[1, 1], on_source_exhausted="drop", resume=token) as resumed:
         assert _drain(resumed) == rest
+
+
+# -- any loader kind as a source (the conformance suite runs every kind; these are the LLM case) --
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from _kinds import Data
+
+    return Data(tmp_path_factory.mktemp("mix-kinds"))
+
+
+def _texts(data, **kw):
+    return [headrace.text(str(path), batch=4, seq_len=8, shuffle=True, seed=seed, threads=2,
+                          prefetch=4, **kw)
+            for path, seed in ((data.tokens, 1), (data.tokens_b, 2))]
+
+
+def test_text_mixture_restarts_for_ever_on_one_budget_and_resumes(data):
+    """Two text loaders, on_source_exhausted="restart": hundreds of batches (many epochs of
+    each), one byte budget holding a few batches, and an exact resume in the middle."""
+    need = sum(s._batch_need() for s in _texts(data))
+    cap = 2 * need
+
+    def make(resume=None):
+        return mix(_texts(data), weights=[3, 1], on_source_exhausted="restart", inflight=cap,
+                   resume=resume)
+
+    with make() as m:
+        ref = [b["tokens"].tolist() for _, b in zip(range(200), m, strict=False)]
+        s = m.stats()
+    assert len(ref) == 200
+    assert s["mix_shared_budget"] and s["mix_shared_max_inflight_bytes"] == cap
+    assert 0 < s["mix_inflight_high_water_bytes"] <= cap
+    assert s["mix_source_restarts_total"][0] > 30 and s["mix_source_restarts_total"][1] > 10
+    # every epoch of a source is a new shuffle of all its windows
+    with make() as m:
+        head = [b["tokens"].tolist() for _, b in zip(range(100), m, strict=False)]
+        token = m.checkpoint()
+    assert head == ref[:100]
+    with make(resume=token) as again:
+        assert [b["tokens"].tolist() for _, b in zip(range(100), again, strict=False)] == ref[100:]
+
+
+@pytest.mark.parametrize("kind", ["image", "text", "Loader"])
+def test_restarted_sources_give_their_prefetched_bytes_back(data, kind):
+    """set_epoch / load_state_dict stop a source mid-stream: the bytes of the batches it had
+    prefetched go back to the shared budget (else the pool shrinks until the mix deadlocks)."""
+    from _kinds import KINDS
+
+    sources = [KINDS[kind].make(data, seed=i, prefetch=4, queue=8) for i in (1, 2)]
+    cap = 3 * sum(s._batch_need() for s in sources)
+    m = mix(sources, weights=[1, 1], on_source_exhausted="restart", inflight=cap)
+    for _ in zip(range(40), m, strict=False):
+        pass
+    token = m.checkpoint()
+    for _ in range(5):
+        m.load_state_dict(token)  # every source stopped with its prefetch in flight
+        m.set_epoch(3)
+        next(m)
+    assert m.budget.used_bytes <= cap
+    m.close()
+    assert m.budget.used_bytes == 0  # nothing held by stopped or closed sources
+
+
+def test_a_source_with_nothing_to_yield_is_an_error_not_a_spin(tmp_path):
+    empty = headrace.Loader({"x": np.arange(10)}, batch=5, start=5, end=5, threads=1)
+    with mix([empty, _loader(1)], on_source_exhausted="restart") as m:
+        with pytest.raises(LoaderError, match="no batch to yield even after a restart"):
+            next(m)
+        with pytest.raises(LoaderError, match="stopped at an error"):
+            iter(m)
+
+
+def test_a_source_that_cannot_share_the_budget_is_named():
+    inner = mix([_loader(0), _loader(1)])
+    with pytest.raises(ConfigError, match="cannot cap source 0"):
+        mix([inner, _loader(2)], inflight=1 << 20)
+    with mix([inner, _loader(2)]) as m:  # without a cap each keeps its own
+        assert not m.stats()["mix_shared_budget"]
+        assert len(_drain(m, 4)) == 4
+
+
+def test_stats_are_measured():
+    """No constant keys: a resume mismatch is refused (CheckpointError), never counted."""
+    with mix([_loader(0), _loader(1)]) as m:
+        s = m.stats()
+    assert "mix_resume_source_checkpoint_mismatch_total" not in s

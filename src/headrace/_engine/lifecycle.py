@@ -209,6 +209,14 @@ class InnerState:
         """Rewind to the start of ``epoch`` (see ``Loader.set_epoch``)."""
         self._state_loader().set_epoch(epoch)
 
+    def _use_budget(self, budget: Any) -> None:
+        """Reserve from ``budget`` (a ``headrace.mix`` share), in place: see ``Loader``."""
+        self._state_loader()._use_budget(budget)
+
+    def _batch_need(self) -> int:
+        """Bytes one batch reserves (``headrace.mix`` sizes a source's share by it)."""
+        return self._state_loader()._batch_need()
+
 
 class LoaderWrapper(TimelineMixin, ClosingMixin):
     """A loader class that runs inner ``Loader`` objects over data it owns (module docstring).

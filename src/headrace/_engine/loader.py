@@ -102,6 +102,7 @@ class _Engine:
         self.ready: dict[int, _Result] = {}
         self.next_dispatch = 0
         self.next_deliver = 0
+        self.reserved = 0  # bytes of dispatched batches not yet delivered (under lock)
         self.end_k: int | None = None
         self.closed = False
         self.ram_blocked_since: float | None = None
@@ -210,6 +211,7 @@ class _Engine:
             return None
         with self.lock:
             self.next_dispatch = k + 1
+            self.reserved += nbytes
         return _Result(k, ids, nbytes, step.after)
 
     # -- workers ---------------------------------------------------------------------------------
@@ -327,6 +329,7 @@ class _Engine:
                     else:
                         del self.ready[k]
                         self.next_deliver = k + 1
+                        self.reserved -= result.nbytes
                         self.space_cv.notify()
                         break
                 elif self.closed or (self.end_k is not None and k >= self.end_k):
@@ -384,6 +387,11 @@ class _Engine:
                 t.join(_JOIN_TIMEOUT_S)
         with self.lock:
             self.ready.clear()
+            held, self.reserved = self.reserved, 0
+        # Batches reserved but never delivered give their bytes back: a budget shared with other
+        # loaders (a mix's share, which outlives this engine) would otherwise lose them for good.
+        if held:
+            self.budget.release(held)
 
 
 def as_mode(order: Any) -> Mode:
@@ -484,8 +492,8 @@ class Loader:
                  constraints: Constraints | None = None, runtime: RuntimeConfig | None = None,
                  resume: bytes | None = None, close_source: bool | None = None,
                  budget: ByteBudget | None = None, timeline: bool | float = False) -> None:
-        # The settings, so _reopen() can rebuild this loader; budget= lets a mix
-        # hand every source one shared byte budget (a _shared_budget.BudgetShare).
+        # The settings as given; budget= lets a mix hand every source one shared byte budget
+        # (a _shared_budget.BudgetShare).
         self._init_kwargs = {k: v for k, v in locals().items() if k not in ("self", "source")}
         self._engine: _Engine | None = None
         self._closed = False
@@ -554,7 +562,7 @@ class Loader:
         if resume is not None:
             self._adopt(resume)
         self._plan = self._make_plan()
-        self._check_first_batch(self._order, transform_nbytes)
+        self._check_first_batch()
         self._start()
 
     def _adopt(self, token: Any) -> None:
@@ -602,27 +610,34 @@ class Loader:
         self._plan = self._make_plan()
         self._start()
 
-    def _check_first_batch(self, order: Order | None,
-                           transform_nbytes: Callable[[int], int] | None) -> None:
-        """A cap smaller than one batch is an error now, with the minimum, never a hang later.
-
-        Measures a full batch starting where this rank's first batch starts: exact for
-        fixed-shape records; with ragged records a later, larger batch is caught when it comes.
-        """
-        first = next(self._plan.steps(), None)
-        if order is None or first is None:
-            return
-        count = min(self.batch_size, self.length)
-        ids = order.range(first.start, count) + self._range[0]
-        need = int(self.source.nbytes(ids))
-        if transform_nbytes is not None:
-            need += int(transform_nbytes(count))
+    def _check_first_batch(self) -> None:
+        """A cap smaller than one batch is an error now, with the minimum, never a hang later."""
+        need = self._batch_need()
         if need > self._cfg.max_inflight_bytes:
+            count = min(self.batch_size, self.length)
             raise ConfigError(
                 f"max_inflight_bytes {self._cfg.max_inflight_bytes} "
                 f"({self._cfg.sources['max_inflight_bytes']}) is smaller than one batch of "
                 f"{count} records ({need} bytes); raise inflight to at least {need} bytes or "
                 "lower batch")
+
+    def _batch_need(self) -> int:
+        """Bytes one full batch reserves, measured where this rank's next batch starts (0 when
+        nothing is left): exact for fixed-shape records; with ragged records a later, larger
+        batch is caught when it comes. ``headrace.mix`` sizes a source's guaranteed share by it."""
+        first = next(self._make_plan().steps(), None)
+        if self._order is None or first is None:
+            return 0
+        count = min(self.batch_size, self.length)
+        need = int(self.source.nbytes(self._order.range(first.start, count) + self._range[0]))
+        if self._transform_nbytes is not None:
+            need += int(self._transform_nbytes(count))
+        return need
+
+    def _use_budget(self, budget: ByteBudget) -> None:
+        """Reserve from ``budget`` from now on (a ``headrace.mix`` share), in place: the threads
+        restart at the delivered position; prefetched batches are read again."""
+        self._restart(budget=budget)
 
     def _state(self, position: int) -> _checkpoint.LoaderState:
         n = self.length
@@ -844,28 +859,6 @@ class Loader:
             fin()
         elif self._engine is None and getattr(self, "_owns_source", False):
             self.source.close()
-
-    def _reopen(self, **overrides: Any) -> Loader:
-        """A new loader with this one's settings plus ``overrides``; takes over the source.
-
-        For ``headrace.mix``: it moves a source onto a shared budget
-        (``budget=``), to a checkpoint (``resume=``) or into its next epoch (``epoch=``). This
-        loader's threads stop; the source stays open and the new loader owns it as this one did.
-        """
-        kwargs = {**self._init_kwargs, **overrides, "close_source": self._owns_source}
-        fin = getattr(self, "_finalizer", None)
-        if fin is not None:
-            fin.detach()  # stop the threads without closing the source the new loader reads
-        if self._engine is not None:
-            self._engine.shutdown()
-        self._closed = self._exhausted = True
-        owned, self._owns_source = self._owns_source, False
-        try:
-            return Loader(self.source, **kwargs)
-        except BaseException:
-            if owned:
-                self.source.close()
-            raise
 
     def __enter__(self) -> Loader:
         return self

@@ -22,7 +22,7 @@ import threading
 from headrace._base.errors import ConfigError
 from headrace._engine.budget import ByteBudget
 
-__all__ = ["BudgetShare", "SharedBudget"]
+__all__ = ["BudgetShare", "SharedBudget", "split"]
 
 
 class SharedBudget:
@@ -76,6 +76,30 @@ class SharedBudget:
         share = BudgetShare(self, reserve_bytes)
         self.shares.append(share)
         return share
+
+
+def split(cap_bytes: int, needs: list[int]) -> list[BudgetShare]:
+    """One ``SharedBudget`` of ``cap_bytes`` split into a share per loader.
+
+    ``needs[i]`` is what one batch of loader ``i`` reserves. Each share is guaranteed at least one
+    batch (so every loader can always deliver its next batch, whatever the others hold) and
+    normally ``cap / (2 n)``; the rest of the cap is the common pool.
+
+    Raises:
+        ConfigError: the cap cannot hold one batch of every loader at once (names the minimum).
+    """
+    floor = cap_bytes // (2 * max(1, len(needs)))
+    reserves = [max(1, need, floor) for need in needs]
+    if sum(reserves) > cap_bytes:
+        reserves = [max(1, need) for need in needs]
+    if sum(reserves) > cap_bytes:
+        total = sum(needs)
+        raise ConfigError(
+            f"mix shared inflight cap {cap_bytes} bytes is smaller than one batch of every "
+            f"source together ({total} bytes: {list(needs)}); raise inflight to at least "
+            f"{total} bytes (better {2 * total})")
+    shared = SharedBudget(cap_bytes)
+    return [shared.share(r) for r in reserves]  # every reserve before any loader runs on one
 
 
 class BudgetShare(ByteBudget):

@@ -250,8 +250,6 @@ class ImageLoader(LoaderWrapper):
         if budget is not None:  # a mix's share: outlives each epoch's Loader (see _EpochBudget)
             loader_kw["budget"] = _EpochBudget(budget)
         self._budget = budget
-        self._data = data
-        self._opts = {k: v for k, v in o.items() if k not in ("resume", "budget")}
         if records is None:
             records = open_image_records(data, label_mode=o["label_mode"], **o["link_options"])
         self.records = records
@@ -504,7 +502,7 @@ class ImageLoader(LoaderWrapper):
         self.records.close()
 
     def _stop(self) -> None:
-        """Stops the threads; the records stay open (``_reopen`` hands them on)."""
+        """Stops the threads; the records stay open (``_release_data`` closes them)."""
         self._closed = True
         if self._budget is not None:
             self._budget.close()  # wake workers waiting on the mix's share (_EpochBudget won't)
@@ -513,22 +511,17 @@ class ImageLoader(LoaderWrapper):
                 ld.close()
         self._inner = None
 
-    def _reopen(self, **overrides: Any) -> ImageLoader:
-        """A new loader with this one's settings plus ``overrides``; takes over the records.
+    def _use_budget(self, budget: Any) -> None:
+        """Reserve from ``budget`` (a ``headrace.mix`` share) from now on, in place: the running
+        epoch's loader restarts at its delivered position, and every later epoch uses it."""
+        self._budget = budget
+        self._kw["budget"] = _EpochBudget(budget)
+        if self._inner is not None:
+            self._inner._use_budget(self._kw["budget"])
 
-        For ``headrace.mix``: ``budget=`` (a share of the mix's byte cap), ``resume=`` (a
-        checkpoint of this loader) and ``epoch=`` (restart at that epoch). This loader's threads
-        stop; its open records (mapped store, S3 client, folder scan) move to the new one.
-        """
-        opts = {**self._opts, **overrides}
-        if "resume" not in overrides:
-            opts["resume"] = None
-        records = self.records
-        self._stop()
-        new = ImageLoader.__new__(ImageLoader)
-        new._construct(self._data, {**opts, "timeline": False}, records=records)
-        new._timeline, new._timeline_end = self._timeline, self._timeline_end  # spans rebuilds
-        return new
+    def _batch_need(self) -> int:
+        """Bytes one batch reserves: payloads plus decoded images (``headrace.mix``'s share)."""
+        return self._inner._batch_need() if self._inner is not None else 0
 
     @property
     def source(self) -> _Footprint:

@@ -18,7 +18,6 @@ global stream; nothing is lost or read twice.
 
 from __future__ import annotations
 
-import copy
 import secrets
 import warnings
 from typing import Any
@@ -235,14 +234,6 @@ class DistributedDataLoader(InnerState, TimelineMixin):
     def config(self) -> Any:
         """The loader's resolved memory/queue knobs."""
         return self._loader.config
-
-    def _reopen(self, **overrides: Any) -> DistributedDataLoader:
-        """This rank's loader rebuilt with ``overrides`` (how ``headrace.mix`` shares a budget,
-        resumes or restarts a source). The ranks already agreed; the new object takes over."""
-        new = copy.copy(self)
-        new._loader = self._loader._reopen(**overrides)
-        self._owned = False  # the source now belongs to the new object
-        return new
 
     def checkpoint(self) -> bytes:
         """The global position after this rank's last delivered batch.
