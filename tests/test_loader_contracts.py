@@ -372,3 +372,45 @@ def test_load_and_run_record_a_timeline(kind, data):
     with make(kind, data, timeline=True) as ld:
         ids(ld)
         assert ld.stats_timeline()["format"] == "headrace-timeline"
+
+
+# -- stats: measured or absent ------------------------------------------------------------------
+
+CONSTANT_KEYS = {"autotune_enabled", "effective_prefetch_batches", "video_channels",
+                 "video_decode_backend"}
+CUMULATIVE = ("delivered_batches_total", "delivered_samples_total", "delivered_bytes_total",
+              "consumer_wait_seconds", "budget_wait_seconds", "gather_busy_seconds",
+              "transform_busy_seconds", "inflight_high_water_bytes")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_stats_hold_no_constants_and_no_placeholders(kind, data):
+    with make(kind, data, epochs=2) as ld:
+        before = ld.stats()
+        assert not CONSTANT_KEYS & set(before)
+        assert "batch_payload_bytes_p50" not in before  # nothing measured yet: absent, not 0
+        ids(ld, 2)
+        after = ld.stats()
+        assert after["batch_payload_bytes_p50"] > 0 and after["delivered_batches_total"] == 2
+        assert not CONSTANT_KEYS & set(after)
+        assert all(v is not None for v in after.values()), after
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_stats_counters_stay_cumulative_across_restores(kind, data):
+    with make(kind, data, epochs=2) as ld:
+        ids(ld, 3)
+        state = ld.state_dict()
+        ids(ld, 2)
+        seen = [ld.stats()]
+        ld.load_state_dict(state)
+        seen.append(ld.stats())
+        ids(ld, 2)
+        ld.set_epoch(1)
+        seen.append(ld.stats())
+        ids(ld, 1)
+        seen.append(ld.stats())
+    for a, b in zip(seen, seen[1:]):
+        for key in CUMULATIVE:
+            assert b[key] >= a[key], (key, a[key], b[key])
+    assert seen[-1]["delivered_batches_total"] == 8

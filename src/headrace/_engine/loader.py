@@ -559,6 +559,8 @@ class Loader:
         shared = self._init_kwargs.get("budget")  # a mix's share of its one byte budget
         self._budget = shared if shared is not None else ByteBudget(self._cfg.max_inflight_bytes)
         self._ram_wait_s = _RAM_WAIT_S
+        self._done = [0.0, 0.0, 0.0]  # budget wait, gather, transform seconds of past engines
+        self._done_high = 0
         if resume is not None:
             self._adopt(resume)
         self._plan = self._make_plan()
@@ -599,8 +601,14 @@ class Loader:
             raise LoaderError("this loader is closed; create a new one (pass "
                               "resume=loader.checkpoint() to continue where it was)")
         self._finalizer.detach()
-        if self._engine is not None:
-            self._engine.shutdown()
+        old = self._engine
+        if old is not None:
+            old.shutdown()
+            # stats() counters stay cumulative across restarts (the timeline derives rates)
+            self._done[0] += self._budget.wait_seconds
+            self._done[1] += sum(b[0] for b in old.busy)
+            self._done[2] += sum(b[1] for b in old.busy)
+        self._done_high = max(self._done_high, self._budget.high_water_bytes)
         # The stopped threads may keep bytes reserved they will never release: start on a fresh
         # budget (a mix's share is renewed the same way, see BudgetShare.renew).
         if budget is None:
@@ -802,25 +810,25 @@ class Loader:
             "epoch": self.epoch,
             "position": self._position,
             "inflight_bytes": self._budget.used_bytes,
-            "inflight_high_water_bytes": self._budget.high_water_bytes,
+            "inflight_high_water_bytes": max(self._budget.high_water_bytes, self._done_high),
             "max_inflight_bytes": cfg.max_inflight_bytes,
             "max_process_rss_bytes": cfg.max_ram_bytes,
-            "budget_wait_seconds": self._budget.wait_seconds,
-            "gather_busy_seconds": sum(b[0] for b in engine.busy) if engine else 0.0,
-            "transform_busy_seconds": sum(b[1] for b in engine.busy) if engine else 0.0,
+            "budget_wait_seconds": self._budget.wait_seconds + self._done[0],
+            "gather_busy_seconds": sum(b[0] for b in engine.busy) + self._done[1] if engine
+            else self._done[1],
+            "transform_busy_seconds": sum(b[1] for b in engine.busy) + self._done[2] if engine
+            else self._done[2],
             "queue_depth": engine.queue_depth() if engine else 0,
             "batches_in_flight": engine.in_flight() if engine else 0,
             "batch_size_samples": self.batch_size,
             "max_queue_batches": cfg.max_queue_batches,
             "prefetch_batches": cfg.prefetch_batches,
             "effective_max_queue_batches": cfg.window_batches,
-            "effective_prefetch_batches": cfg.prefetch_batches,
             "threads": cfg.threads,
             "profile": cfg.profile,
             "want": cfg.want,
             "rank": self.rank,
             "world_size": self.world_size,
-            "autotune_enabled": False,
         })
         return s
 

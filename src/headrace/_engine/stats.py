@@ -117,9 +117,7 @@ class LoaderCounters:
         elapsed = time.monotonic() - self.started
         rate = self.delivered_samples / elapsed if elapsed > 0 else 0.0
         sizes = np.fromiter(self.payloads, dtype=np.int64, count=len(self.payloads))
-        p50 = int(np.percentile(sizes, 50)) if sizes.size else 0
-        p95 = int(np.percentile(sizes, 95)) if sizes.size else 0
-        return {
+        out = {
             "delivered_batches_total": self.delivered_batches,
             "delivered_samples_total": self.delivered_samples,
             "delivered_bytes_total": self.delivered_bytes,
@@ -134,11 +132,16 @@ class LoaderCounters:
             "ram_high_water_bytes": self.rss_high_water,
             "counted_rss_high_water_bytes": self.counted_high_water,
             "queue_high_water": self.queue_high_water,
-            "batch_payload_bytes_p50": p50,
-            "batch_payload_bytes_p95": p95,
             "batch_payload_window_size": int(sizes.size),
-            "batch_payload_bytes_p95_over_p50": (p95 / p50) if p50 else 0.0,
         }
+        if sizes.size:  # measured, or absent before the first batch (never a placeholder 0)
+            p50 = int(np.percentile(sizes, 50))
+            p95 = int(np.percentile(sizes, 95))
+            out["batch_payload_bytes_p50"] = p50
+            out["batch_payload_bytes_p95"] = p95
+            if p50:
+                out["batch_payload_bytes_p95_over_p50"] = p95 / p50
+        return out
 
 
 def format_line(s: dict[str, Any]) -> str:

@@ -297,7 +297,8 @@ class ImageLoader(LoaderWrapper):
         self._job = _Job(spec=spec, seed=seed, records=self.records,
                          on_decode_error=on_decode_error, native_hw=self.native_hw,
                          item_shape=self.item_shape, dtype=self.dtype)
-        self._done_totals: dict[str, float] = {}
+        self._done_totals: dict[str, float] = {}  # counters of the retired epoch loaders
+        self._done_highs: dict[str, float] = {}
         self.last_ids = np.empty(0, np.int64)
         self._first_epoch = epoch
         self._epochs = epochs
@@ -384,8 +385,10 @@ class ImageLoader(LoaderWrapper):
             return
         s = inner.stats()
         for key, v in s.items():
-            if key.endswith("_total") and isinstance(v, int | float):
+            if isinstance(v, int | float) and _summed(key):
                 self._done_totals[key] = self._done_totals.get(key, 0) + v
+            elif isinstance(v, int | float) and "high_water" in key:
+                self._done_highs[key] = max(self._done_highs.get(key, 0), v)
         inner.close()
 
     def __iter__(self) -> ImageLoader:
@@ -487,6 +490,8 @@ class ImageLoader(LoaderWrapper):
         else:  # exhausted or closed: the retired epochs' totals are the whole story
             s = self._last.stats()
             s.update(self._done_totals)
+        for key, v in self._done_highs.items():  # the whole run's, not the epoch's
+            s[key] = max(s.get(key, 0), v)
         with self._job.lock:
             s["images_decoded_total"] = self._job.decoded
             s["decode_errors_total"] = self._job.failed
@@ -566,6 +571,11 @@ class _EpochBudget:
 
     def close(self) -> None:
         pass
+
+
+def _summed(key: str) -> bool:
+    """A per-epoch loader's counter that adds up over the run (not a rate or a clock)."""
+    return key.endswith("_total") or (key.endswith("_seconds") and key != "elapsed_seconds")
 
 
 def _check_range(start: Any, end: Any) -> tuple[int | None, int | None]:

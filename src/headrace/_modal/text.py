@@ -395,17 +395,18 @@ class TextLoader(InnerState, TimelineMixin):
 
     def stats(self) -> dict[str, Any]:
         """The loader's stats plus ``tokens_delivered_total``, ``windows``, ``documents``,
-        ``tokens_total`` (of the stream; ``None`` with ``stream=True``) and
+        ``tokens_total`` (of the stream; both absent with ``stream=True``) and
         ``decode_errors_total`` (documents skipped when the text was packed or streamed)."""
         s = self._loader.stats()
         skipped = int(self.info.get("skipped", 0))
         if self._stream is not None:
             skipped += self._stream.skipped
-        s.update({"tokens_delivered_total": self._tokens, "windows": self.windows,
-                  "documents": self.documents,
-                  "tokens_total": getattr(self.source, "total_tokens", None),
+        s.update({"tokens_delivered_total": self._tokens, "documents": self.documents,
                   "sequence_length": self.sequence_length, "stride": self.stride,
                   "decode_errors_total": skipped})
+        if self.windows is not None:  # stream=True: counts known only once read, so absent
+            s["windows"] = self.windows
+            s["tokens_total"] = self.source.total_tokens
         return s
 
     def print_stats(self) -> None:

@@ -364,9 +364,7 @@ class VideoLoader(SingleLoaderWrapper):
             "video_fps": float(self.fps),
             "video_frame_height": self.frame_hw[0],
             "video_frame_width": self.frame_hw[1],
-            "video_channels": 3,
             "video_bytes_per_clip": self.bytes_per_clip,
-            "video_decode_backend": "pyav",
             "video_tail_clips_dropped_total": self.index_info["tail_clips_dropped_total"],
             **{f"video_index_{k}": int(v) for k, v in fails.items()},
         })
