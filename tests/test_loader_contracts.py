@@ -6,6 +6,7 @@ others fails here by name.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -410,7 +411,7 @@ def test_stats_counters_stay_cumulative_across_restores(kind, data):
         seen.append(ld.stats())
         ids(ld, 1)
         seen.append(ld.stats())
-    for a, b in zip(seen, seen[1:]):
+    for a, b in itertools.pairwise(seen):
         for key in CUMULATIVE:
             assert b[key] >= a[key], (key, a[key], b[key])
     assert seen[-1]["delivered_batches_total"] == 8
