@@ -15,6 +15,7 @@ runs of them in parallel into one store with the same records and content hash.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import json
 import os
 import time
@@ -82,7 +83,8 @@ class _ParquetReader:
             while j < len(self.units) and self.units[j][0] == fi:
                 j += 1
             f = self.files[fi]
-            with f.open() as fh:
+            # A local file goes to Arrow's own reader (no Python bytes in between).
+            with contextlib.nullcontext(f.name) if f.client is None else f.open() as fh:
                 pf = pq.ParquetFile(fh)
                 for _fi, rg, row0 in self.units[k:j]:
                     row = row0
