@@ -210,7 +210,7 @@ def _pack_configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--field", action="append", required=True, metavar="NAME=FILE.npy",
                    help="a field and the .npy file holding it (repeat for more fields)")
     p.add_argument("--codec", action="append", default=[], metavar="CODEC|NAME=CODEC",
-                   help="raw (default), zstd, lz4 or deflate; for all fields, or one field "
+                   help="raw (default), zstd, lz4, deflate or zstd_dict; for all fields, or one field "
                         "with NAME=CODEC (repeatable)")
     p.add_argument("--chunk-mb", type=int, default=256, help="chunk file size bound in MiB")
     p.add_argument("--workers", type=int, default=None,
@@ -271,6 +271,8 @@ COMMANDS: list[Command] = [
     Command("pack-webdataset", "pack WebDataset tar shards into a new store",
             "headrace._cli.pack_arrow:webdataset_configure",
             "headrace._cli.pack_arrow:webdataset_run"),
+    Command("convert-zrecord", "convert loaderx 2.8.19 zrecord containers into a new store",
+            "headrace._cli.convert_zrecord:cli_configure", "headrace._cli.convert_zrecord:cli_run"),
     Command("bench", "run a loader on a dataset for a few seconds; report what limits it",
             "headrace._cli.bench:cli_configure", "headrace._cli.bench:cli_run"),
 ]

@@ -1,4 +1,4 @@
-"""``Dataset``: loaderx's indexable dataset over a store field, a ``.npy`` file or a Blosc2 ``.b2nd``.
+"""``Dataset``: loaderx's indexable dataset over a store field, a ``.npy``, a ``.b2nd`` or a zrecord.
 
 loaderx users write ``Dataset("train_data.b2nd")`` and hand it to a loader that calls
 ``__getitems__(indices)`` per batch; this class keeps that spelling and adds headrace stores and
@@ -95,6 +95,28 @@ class _ArrayBackend:
         pass
 
 
+class _ZrecordBackend:
+    """A loaderx 2.8.19 zrecord container: dense -> arrays, ragged -> ``Ragged`` (flat values)."""
+
+    def __init__(self, path: str) -> None:
+        from headrace._store.zrecord import ZrecordContainer
+
+        self.container = ZrecordContainer(path)
+        self.dtype = self.container.dtype
+        self.item_shape = self.container.item_shape
+
+    def __len__(self) -> int:
+        return len(self.container)
+
+    def gather(self, idx: np.ndarray) -> Any:
+        if self.container.kind == "dense":
+            return self.container.dense(idx)
+        return self.container.ragged(idx)[0]
+
+    def close(self) -> None:
+        self.container.close()
+
+
 def _open_npy(path: str) -> _ArrayBackend:
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -137,9 +159,10 @@ class Dataset:
         batch = images.__getitems__([5, 3, 3, 17])            # fancy gather, order kept
 
     Args:
-        path: a headrace store directory, a ``.npy`` file (memory-mapped) or a Blosc2 ``.b2nd``.
+        path: a headrace store directory, a ``.npy`` file (memory-mapped), a Blosc2 ``.b2nd``,
+            or a loaderx 2.8.19 zrecord container directory (``meta.zr``).
         field: the store field to read; may be left out when the store has exactly one field.
-            Must be ``None`` for ``.npy`` and ``.b2nd`` files.
+            Must be ``None`` for ``.npy``, ``.b2nd`` files and zrecord containers.
 
     Raises:
         NotAStoreError: ``path`` does not exist, or is a directory that is not a store.
@@ -152,8 +175,13 @@ class Dataset:
     def __init__(self, path: str | os.PathLike[str], field: str | None = None) -> None:
         self.path = os.fspath(path)
         self.field = field
-        backend: _StoreBackend | _ArrayBackend
-        if os.path.isdir(self.path):
+        backend: _StoreBackend | _ArrayBackend | _ZrecordBackend
+        if os.path.isfile(os.path.join(self.path, "meta.zr")):
+            if field is not None:
+                raise ConfigError(f"field={field!r} only applies to headrace stores; "
+                                  f"{self.path!r} is a one-stream zrecord container, leave it out")
+            backend = _ZrecordBackend(self.path)
+        elif os.path.isdir(self.path):
             backend = _StoreBackend(self.path, field)
             self.field = backend.field
         elif not os.path.exists(self.path):

@@ -212,8 +212,9 @@ def pack_arrays(out: str | os.PathLike[str], *, codec: str | Mapping[str, str] =
 
     Args:
         out: the new store's directory (must not exist, or be empty).
-        codec: one codec (``raw``, ``zstd``, ``lz4``, ``deflate``) for every field, or a dict
-            ``{field: codec}`` (fields left out are ``raw``).
+        codec: one codec (``raw``, ``zstd``, ``lz4``, ``deflate``, ``zstd_dict``) for every
+            field, or a dict ``{field: codec}`` (fields left out are ``raw``). ``zstd_dict``
+            trains a dictionary on the field's first slice and packs in this process.
         chunk_mb: the size bound of each chunk file in MiB.
         progress: show a progress bar (``None``: only when stderr is a terminal).
         slice_bytes: bytes read and appended per step, summed over the fields.
@@ -265,6 +266,11 @@ def pack_arrays(out: str | os.PathLike[str], *, codec: str | Mapping[str, str] =
     rows_per_step = max(1, slice_bytes // row_bytes)
     tasks = _parallel_pack.plan_array_tasks(sources, n, row_bytes, workers=workers,
                                             executor=executor)
+    if "zstd_dict" in codecs.values():  # one dictionary per field: trained by one writer
+        if executor is not None:
+            raise ConfigError("codec zstd_dict packs in this process (a field trains one "
+                              "dictionary); drop executor= or use codec 'zstd'")
+        tasks = 1
     if _parallel_pack.use_parallel(tasks, executor):
         _parallel_pack.pack_sources(os.path.abspath(out_path), sources=sources, specs=specs,
                                     chunk_mb=chunk_mb, rows_per_step=rows_per_step, tasks=tasks,

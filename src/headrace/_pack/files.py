@@ -180,6 +180,11 @@ def _pack_local(source: RawSource, out: str, *, bar: Any, workers: int | None = 
                                "choose a new path or remove it")
     tasks = _parallel_pack.plan_tasks(len(source), int(source.manifest.sizes.sum()),
                                       workers=workers, executor=executor)
+    if kw["codec"] == "zstd_dict":  # one dictionary per field: trained by one writer
+        if executor is not None:
+            raise ConfigError("codec zstd_dict packs in this process (a field trains one "
+                              "dictionary); drop executor= or use codec 'zstd'")
+        tasks = 1
     if source.snapshot.link.is_s3 is False and _parallel_pack.use_parallel(tasks, executor):
         fields: dict[str, Any] = {"bytes": {"dtype": "bytes", "shape": None,
                                             "codec": kw["codec"]}, "key": "bytes"}

@@ -35,8 +35,10 @@ from headrace._store.format import (
     AUX_DTYPE,
     INDEX_DTYPE,
     META_NAME,
+    FieldEntry,
     FieldSpec,
     Meta,
+    check_dict,
     chunk_name,
     parse_meta_bytes,
 )
@@ -46,15 +48,17 @@ __all__ = ["RemoteStore"]
 
 
 class _Field:
-    def __init__(self, spec: FieldSpec, index: np.ndarray, aux: np.ndarray) -> None:
+    def __init__(self, spec: FieldSpec, index: np.ndarray, aux: np.ndarray,
+                 dictionary: bytes | None = None) -> None:
         self.spec = spec
         self.index = index
         self.aux = aux
-        self.codec = get_codec(spec.codec)
+        self.dictionary = dictionary
+        self.codec = get_codec(spec.codec, dictionary)
         self.rec = -1 if spec.shape is None else spec.record_nbytes
 
     def __reduce__(self) -> tuple[Any, ...]:  # codecs hold lambdas: look them up again
-        return (_Field, (self.spec, self.index, self.aux))
+        return (_Field, (self.spec, self.index, self.aux, self.dictionary))
 
 
 class RemoteStore:
@@ -119,7 +123,7 @@ class RemoteStore:
         self.meta = meta
         self._chunk_size = {c.id: c.size for c in meta.chunks}
         self._chunk_field = {c.id: c.field for c in meta.chunks}
-        self._fields = {fe.spec.name: self._load_field(fe.spec, fe.index, fe.aux)
+        self._fields = {fe.spec.name: self._load_field(fe)
                         for fe in meta.fields}
         names = list(self._fields)
         picked = [fields] if isinstance(fields, str) else list(fields or names)
@@ -146,7 +150,8 @@ class RemoteStore:
             raise NotAStoreError(f"{self.url} is not a headrace store: it has no meta.json") from None
         return parse_meta_bytes(bytes(raw), path=self.url)
 
-    def _load_field(self, spec: FieldSpec, index_name: str, aux_name: str) -> _Field:
+    def _load_field(self, fe: FieldEntry) -> _Field:
+        spec, index_name, aux_name = fe.spec, fe.index, fe.aux
         length = self.meta.length
         arrays = []
         for name, dtype in ((index_name, INDEX_DTYPE), (aux_name, AUX_DTYPE)):
@@ -156,7 +161,16 @@ class RemoteStore:
                 raise CorruptionError(f"{self.url}/{name} is shorter than {length} entries",
                                       field=spec.name)
             arrays.append(np.frombuffer(data, dtype))
-        return _Field(spec, arrays[0], arrays[1])
+        dictionary = None
+        if fe.dict_file is not None:
+            try:
+                dictionary, _ = self._os.get(self._key(fe.dict_file))
+            except ObjectNotFoundError:
+                raise CorruptionError(f"{self.url}/{fe.dict_file} is missing, but meta.json names it "
+                                      f"as the dictionary of field {spec.name!r}; restore it",
+                                      field=spec.name) from None
+            check_dict(dictionary, fe, f"{self.url}/{fe.dict_file}")
+        return _Field(spec, arrays[0], arrays[1], dictionary)
 
     # -- Source protocol -------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from headrace._base.errors import RecordTooLargeError, SchemaError
 from headrace._store import format as _format
-from headrace._store.codecs import Codec
+from headrace._store.codecs import Codec, dict_codec, train_dictionary
 from headrace._store.format import FieldSpec
 
 __all__ = ["FieldCodec", "encode_batch"]
@@ -26,6 +26,7 @@ class FieldCodec(Protocol):
     spec: FieldSpec
     codec: Codec
     rec: int  # decoded bytes per record (fixed-shape), -1 for ragged
+    dictionary: bytes | None  # zstd_dict: None until trained (by the first batch encoded)
 
 
 def _fixed_array(fw: FieldCodec, batch: Any, n: int | None) -> np.ndarray:
@@ -108,6 +109,8 @@ def encode_batch(fw: FieldCodec, batch: Any, n: int | None
         for s in sizes:
             _check_size(spec, s)
         nbytes = np.array(sizes, np.int64)
+    if spec.codec == "zstd_dict" and fw.dictionary is None:
+        _train(fw, records)
     stored: list[Any] = []
     for r in records:
         mv = memoryview(r).cast("B") if not isinstance(r, memoryview) else r
@@ -120,6 +123,19 @@ def encode_batch(fw: FieldCodec, batch: Any, n: int | None
     lengths = np.array([len(s) for s in stored], np.int64)
     crcs = np.fromiter((_crc(s) for s in stored), np.uint32, k)
     return k, stored, lengths, nbytes, crcs
+
+def _train(fw: FieldCodec, records: list[Any]) -> None:
+    """Trains a ``zstd_dict`` field's dictionary on the batch about to be stored with it."""
+    try:
+        dictionary = train_dictionary(records)
+    except ValueError as e:
+        raise SchemaError(
+            f"field {fw.spec.name!r} (codec zstd_dict) trains its dictionary on its first "
+            f"appended batch, and this one cannot: {e}. Append a larger first batch, or use "
+            "codec 'zstd'") from None
+    fw.codec = dict_codec(dictionary)
+    fw.dictionary = dictionary
+
 
 def _check_size(spec: FieldSpec, size: int, *, stored_bytes: bool = False) -> None:
     if size > _format.MAX_RECORD_BYTES:

@@ -1,4 +1,9 @@
-"""The on-disk format of a headrace store, version 2 (``docs/format.md`` describes it in prose).
+"""The on-disk format of a headrace store, versions 1 to 3 (``docs/format.md`` describes it in prose).
+
+Version 2 ends ``meta.json`` with a crc32c of its bytes. Version 3 adds one thing to it: a field
+with codec ``zstd_dict`` names its dictionary file (``"dict"``, ``"dict_crc"`` in its entry). A
+store is written as version 3 only while it has such a field, so every other store stays readable
+by version-2 readers.
 
 Everything that fixes a byte layout lives here: the index/aux entry dtypes (explicit little-endian),
 the ``meta.json`` schema and its parser, file names, the per-record size limit and ``FieldSpec``.
@@ -33,14 +38,19 @@ __all__ = [
     "FieldSpec",
     "Meta",
     "parse_field_spec",
+    "read_dict",
     "read_meta",
     "write_meta",
 ]
 
 FORMAT_NAME = "headrace-store"
 # 2: meta.json ends with a crc32c of every byte before it. Version 1 stores (no checksum) still read.
-FORMAT_VERSION = 2
-READ_VERSIONS = (1, 2)
+# 3: version 2 plus zstd_dict fields (their dictionary file named in the field's entry); written
+# only by stores that have such a field.
+FORMAT_VERSION = 3  # the newest version this code reads and writes
+BASE_VERSION = 2  # what a store without a zstd_dict field is written as
+_DICT_VERSION = 3
+READ_VERSIONS = (1, 2, 3)
 META_NAME = "meta.json"
 META_TMP_NAME = "meta.json.tmp"
 LOCK_NAME = ".lock"
@@ -59,6 +69,12 @@ MAX_RECORD_BYTES = 2**32 - 1
 _FIELD_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,99}$")
 INDEX_FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,99}(\.g[0-9]+)?\.(index|aux)$")
 CHUNK_FILE = re.compile(r"^[0-9]+\.zr$")
+DICT_FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,99}\.dict$")
+
+
+def dict_name(field_name: str) -> str:
+    """File name of a ``zstd_dict`` field's dictionary (written once, never changed)."""
+    return f"{field_name}.dict"
 
 
 def chunk_name(chunk_id: int) -> str:
@@ -82,7 +98,8 @@ class FieldSpec:
         dtype: element dtype, stored little-endian (or byte-order free).
         shape: per-record shape for fixed-shape fields (``()`` is a scalar); ``None`` for ragged
             fields, whose records are 1-D arrays of any length.
-        codec: per-record codec, one of ``raw``, ``zstd``, ``lz4``, ``deflate``.
+        codec: per-record codec, one of ``raw``, ``zstd``, ``lz4``, ``deflate``, ``zstd_dict``
+            (zstd with a dictionary the writer trains on the field's first appended batch).
     """
 
     name: str
@@ -182,11 +199,21 @@ class ChunkInfo:
 
 @dataclass(frozen=True)
 class FieldEntry:
-    """A field in ``meta.json``: its spec and the index/aux files of the current generation."""
+    """A field in ``meta.json``: its spec, the index/aux files of the current generation and, for
+    a ``zstd_dict`` field once trained, its dictionary file and that file's crc32c."""
 
     spec: FieldSpec
     index: str
     aux: str
+    dict_file: str | None = None
+    dict_crc: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {**self.spec.to_json(), "index": self.index, "aux": self.aux}
+        if self.dict_file is not None:
+            out["dict"] = self.dict_file
+            out["dict_crc"] = self.dict_crc
+        return out
 
 
 @dataclass(frozen=True)
@@ -202,10 +229,12 @@ class Meta:
     attrs: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        version = _DICT_VERSION if any(f.spec.codec == "zstd_dict" for f in self.fields) \
+            else BASE_VERSION
         return {
-            "format": FORMAT_NAME, "version": FORMAT_VERSION, "length": self.length,
+            "format": FORMAT_NAME, "version": version, "length": self.length,
             "generation": self.generation, "commit": self.commit, "chunk_bytes": self.chunk_bytes,
-            "fields": [{**f.spec.to_json(), "index": f.index, "aux": f.aux} for f in self.fields],
+            "fields": [f.to_json() for f in self.fields],
             "chunks": [{"id": c.id, "field": c.field, "size": c.size} for c in self.chunks],
             "attrs": self.attrs,
         }
@@ -279,7 +308,15 @@ def meta_from_json(doc: Any, *, path: str) -> Meta:
             for key in ("index", "aux"):
                 if not isinstance(f.get(key), str) or not INDEX_FILE.match(f[key]):
                     raise ValueError(f"field {spec.name!r}: bad {key} file name {f.get(key)!r:.120}")
-            fields.append(FieldEntry(spec, f["index"], f["aux"]))
+            if spec.codec == "zstd_dict" and version < _DICT_VERSION:
+                raise ValueError(f"field {spec.name!r}: codec zstd_dict in a version-{version} store")
+            dname, dcrc = f.get("dict"), f.get("dict_crc")
+            if dname is not None and (spec.codec != "zstd_dict" or not isinstance(dname, str)
+                                      or not DICT_FILE.match(dname) or not isinstance(dcrc, int)
+                                      or isinstance(dcrc, bool)):
+                raise ValueError(f"field {spec.name!r}: bad dictionary entry {dname!r:.120}/"
+                                 f"{dcrc!r:.40}")
+            fields.append(FieldEntry(spec, f["index"], f["aux"], dname, dcrc))
         chunks = []
         seen: set[int] = set()
         for k, c in enumerate(_list(doc.get("chunks"), "chunks")):
@@ -340,7 +377,7 @@ def parse_meta_bytes(raw: bytes, *, path: str) -> Meta:
         # RecursionError arrays or objects nested too deep: neither is a meta.json we wrote.
         what = "nested too deep" if isinstance(e, RecursionError) else str(e)[:200]
         raise CorruptionError(f"{where} is not valid JSON ({what}); {fix}") from None
-    if isinstance(doc, dict) and doc.get("format") == FORMAT_NAME and doc.get("version") == 2:
+    if isinstance(doc, dict) and doc.get("format") == FORMAT_NAME and doc.get("version") in (2, 3):
         m = _CHECKSUM_TAIL.search(raw, max(0, len(raw) - 64))
         if m is None or doc.get("checksum") != "crc32c:" + m.group(1).decode():
             raise CorruptionError(f"{where} has lost its checksum (the last key, \"checksum\"); "
@@ -425,6 +462,37 @@ def read_meta(path: str) -> Meta:
     finally:
         os.close(fd)
     return parse_meta_bytes(raw, path=path)
+
+
+def read_dict(path: str, entry: FieldEntry) -> bytes | None:
+    """The dictionary of a ``zstd_dict`` field (``None`` before the field has one), crc-checked.
+
+    Raises:
+        CorruptionError: the file is missing or its bytes do not match the crc in ``meta.json``.
+    """
+    if entry.dict_file is None:
+        return None
+    file = os.path.join(path, entry.dict_file)
+    try:
+        with open(file, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise CorruptionError(
+            f"{file} is missing, but meta.json names it as the dictionary of field "
+            f"{entry.spec.name!r}; restore it from a backup (the field cannot be decoded "
+            "without it)", field=entry.spec.name) from None
+    check_dict(data, entry, file)
+    return data
+
+
+def check_dict(data: bytes, entry: FieldEntry, where: str) -> None:
+    """Raises ``CorruptionError`` unless ``data`` has the crc32c ``meta.json`` records."""
+    import google_crc32c
+
+    if int(google_crc32c.value(data)) != entry.dict_crc:
+        raise CorruptionError(
+            f"{where}: the dictionary of field {entry.spec.name!r} does not match its checksum "
+            "in meta.json; restore it from a backup", field=entry.spec.name)
 
 
 def fsync_dir(path: str) -> None:

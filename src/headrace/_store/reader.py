@@ -420,7 +420,7 @@ class Store:
                      out: memoryview, pos: np.ndarray | None) -> None:
         """Decodes records ``pos`` (None: all, every one present) one by one into ``out``."""
         views = st.views
-        decode, into = loop_decoder(f.spec.codec), f.codec.decode_into
+        decode, into = loop_decoder(f.codec), f.codec.decode_into
         big = _DECODE_MANY_MAX_BYTES if into is not None else 1 << 62
         j = 0
         try:

@@ -20,10 +20,11 @@ def recover(path: str, meta: Meta) -> None:
     """Truncates bytes past the commit and deletes files ``meta`` does not name.
 
     Run by a writer (holding the lock) when it opens a store and when it rolls back. Only names
-    that match the store's own patterns are deleted (index/aux files, chunks, ``meta.json.tmp``),
+    that match the store's own patterns are deleted (index/aux files, chunks, dictionaries, ``meta.json.tmp``),
     so files a user put in the directory (``_labels.tsv``, notes) are left alone.
     """
     keep = {_format.META_NAME, _format.LOCK_NAME}
+    keep.update(fe.dict_file for fe in meta.fields if fe.dict_file is not None)
     for fe in meta.fields:
         for name, size in ((fe.index, meta.length * INDEX_DTYPE.itemsize),
                            (fe.aux, meta.length * AUX_DTYPE.itemsize)):
@@ -35,7 +36,8 @@ def recover(path: str, meta: Meta) -> None:
         _truncate_to(os.path.join(path, _format.chunk_name(c.id)), c.size)
     removed = False
     for name in os.listdir(path):
-        if name not in keep and (_format.INDEX_FILE.match(name) or name == _format.META_TMP_NAME):
+        if name not in keep and (_format.INDEX_FILE.match(name) or _format.DICT_FILE.match(name)
+                                 or name == _format.META_TMP_NAME):
             os.unlink(os.path.join(path, name))
             removed = True
     cdir = os.path.join(path, CHUNK_DIR)

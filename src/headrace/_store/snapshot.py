@@ -281,7 +281,7 @@ def _map_snapshot(path: str, meta: Meta, missing: list[str]) -> Snapshot:
         ib = index[: m * INDEX_DTYPE.itemsize]
         ab = aux[: m * AUX_DTYPE.itemsize]
         fields[spec.name] = MappedField(
-            spec, fidx, get_codec(spec.codec), rec, ib.view(INDEX_DTYPE), ab.view(AUX_DTYPE),
+            spec, fidx, get_codec(spec.codec, _format.read_dict(path, fe)), rec, ib.view(INDEX_DTYPE), ab.view(AUX_DTYPE),
             ib.view("<u4").reshape(m, 4), ab.view("<u4").reshape(m, 2),
             plain=spec.dtype == np.uint8 and spec.shape == (rec,))
     ids = sorted(c.id for c in meta.chunks)

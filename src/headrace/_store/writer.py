@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
+import google_crc32c
 import numpy as np
 
 from headrace._base.errors import (
@@ -89,9 +90,15 @@ def raw_chunk_bytes(rec: int, chunk_bytes: int) -> int:
 class _FieldW:
     """Writer-side state of one field: its working index/aux files and its open chunk."""
 
-    def __init__(self, spec: FieldSpec, index: str, aux: str) -> None:
+    def __init__(self, spec: FieldSpec, index: str, aux: str, dict_file: str | None = None,
+                 dictionary: bytes | None = None) -> None:
         self.spec = spec
-        self.codec: Codec = get_codec(spec.codec)
+        # zstd_dict: the dictionary (None until the first append trains it) and its file once
+        # committed; the codec is built from it
+        self.dictionary = dictionary
+        self.dict_file = dict_file
+        self.dict_crc: int | None = None
+        self.codec: Codec = get_codec(spec.codec, dictionary)
         self.rec = -1 if spec.shape is None else spec.record_nbytes
         self.index_name = index
         self.aux_name = aux
@@ -154,7 +161,8 @@ class Writer:
         self.chunk_bytes = meta.chunk_bytes
         self._fields: dict[str, _FieldW] = {}
         for fe in meta.fields:
-            fw = _FieldW(fe.spec, fe.index, fe.aux)
+            fw = _FieldW(fe.spec, fe.index, fe.aux, fe.dict_file, _format.read_dict(self.path, fe))
+            fw.dict_crc = fe.dict_crc
             fw.index_fd = self._open_fd(fe.index)
             fw.aux_fd = self._open_fd(fe.aux)
             self._fields[fe.spec.name] = fw
@@ -302,6 +310,17 @@ class Writer:
         self._folios.write(cid, fd, data, offset)
         self._dirty_fds.add(fd)
         self._chunks[cid][1] = offset + memoryview(data).nbytes
+
+    def _write_dict(self, fw: _FieldW) -> None:
+        """Writes a newly trained dictionary; the commit's meta.json then names it."""
+        assert fw.dictionary is not None
+        name = _format.dict_name(fw.spec.name)
+        fd = self._open_fd(name, create=True)
+        pwrite_all(fd, np.frombuffer(fw.dictionary, np.uint8), 0)
+        self._dirty_fds.add(fd)
+        self._new_files = True
+        fw.dict_file = name
+        fw.dict_crc = int(google_crc32c.value(fw.dictionary))
 
     def _put_entries(self, fw: _FieldW, at: int, cids: np.ndarray, offs: np.ndarray,
                      lengths: np.ndarray, nbytes: np.ndarray, crcs: np.ndarray) -> None:
@@ -541,6 +560,9 @@ class Writer:
         for fw in self._fields.values():
             os.ftruncate(fw.index_fd, self._n * INDEX_DTYPE.itemsize)
             os.ftruncate(fw.aux_fd, self._n * AUX_DTYPE.itemsize)
+        for fw in self._fields.values():
+            if fw.dictionary is not None and fw.dict_file is None:
+                self._write_dict(fw)
         for fd in self._dirty_fds:
             os.fsync(fd)
         if self._new_files:
@@ -551,7 +573,7 @@ class Writer:
             generation=old.generation + 1 if self._cow else old.generation,
             commit=old.commit + 1,
             chunk_bytes=self.chunk_bytes,
-            fields=tuple(FieldEntry(fw.spec, fw.index_name, fw.aux_name)
+            fields=tuple(FieldEntry(fw.spec, fw.index_name, fw.aux_name, fw.dict_file, fw.dict_crc)
                          for fw in self._fields.values()),
             chunks=tuple(ChunkInfo(cid, f, size) for cid, (f, size) in sorted(self._chunks.items())),
             attrs=attrs)
