@@ -136,7 +136,8 @@ class AudioLoader(SingleLoaderWrapper):
                  rate_hz: int | None, on_decode_error: str, order: str, seed: int, epoch: int,
                  epochs: int | None, drop_last: bool, as_dict: bool, to_torch: bool,
                  labels: bool | None, loader_kw: dict[str, Any], resume: bytes | None,
-                 timeline: bool | float = False, transform: Any = None) -> None:
+                 timeline: bool | float = False, transform: Any = None,
+                 recursive: bool = True) -> None:
         timeline_s = timeline_period(timeline)
         if on_decode_error not in _ERROR_POLICIES:
             raise ConfigError(f"invalid decode_error_policy={on_decode_error!r} (expected: "
@@ -154,7 +155,7 @@ class AudioLoader(SingleLoaderWrapper):
         self.on_decode_error = on_decode_error
         self.as_dict = bool(as_dict)
         self.to_torch = bool(to_torch)
-        self.files = open_media(data, kind="audio", labels=labels)
+        self.files = open_media(data, kind="audio", labels=labels, recursive=recursive)
         try:
             refuse_empty(len(self.files), "audio files", data)
         except BaseException:
@@ -233,7 +234,7 @@ def audio(data: Any, *, batch: int = 32, samples: int = 16000, channels: int = 1
           profile: str | None = None, constraints: Any = None, runtime: Any = None,
           rank: int = 0, world_size: int = 1, tail: str | None = None,
           resume: bytes | None = None, timeline: bool | float = False,
-          transform: Any = None) -> AudioLoader:
+          transform: Any = None, recursive: bool = True) -> AudioLoader:
     """Fixed-size float32 audio batches from a store or a raw folder of audio files.
 
     Example (mx8's spelling)::
@@ -259,6 +260,8 @@ def audio(data: Any, *, batch: int = 32, samples: int = 16000, channels: int = 1
         as_dict: yield ``{"samples", "labels", "sample_rates_hz", "ids"}`` instead of a tuple.
         to_torch: torch tensors instead of NumPy arrays (torch is imported only then).
         labels: ``True``/``False``/``None`` (auto) labels by first-level folder (raw folders).
+        recursive: raw folders: read subfolders too (mx8's default); ``False`` reads only the
+            files directly in ``data``.
         threads, inflight, ram_gb, queue, prefetch, profile, constraints, runtime, rank,
             world_size, tail, resume: as in :class:`headrace.Loader`.
         timeline: record a stats timeline (``True``: a snapshot every 0.5 s; a number: the
@@ -272,4 +275,5 @@ def audio(data: Any, *, batch: int = 32, samples: int = 16000, channels: int = 1
                        seed=seed,
                        epoch=epoch, epochs=epochs, drop_last=drop_last, as_dict=as_dict,
                        to_torch=to_torch, labels=labels, loader_kw=loader_kw, resume=resume,
-                       timeline=timeline, transform=transform)
+                       timeline=timeline, transform=transform,
+                       recursive=recursive)

@@ -263,7 +263,8 @@ class VideoLoader(SingleLoaderWrapper):
                  epoch: int, epochs: int | None, drop_last: bool, to_torch: bool,
                  labels: bool | None, index_dir: Any, progress: bool | None,
                  loader_kw: dict[str, Any], resume: bytes | None,
-                 timeline: bool | float = False, transform: Any = None) -> None:
+                 timeline: bool | float = False, transform: Any = None,
+                 recursive: bool = True) -> None:
         timeline_s = timeline_period(timeline)
         if on_error not in _ERROR_POLICIES:
             raise ConfigError(f"on_error={on_error!r} must be 'count' or 'error'")
@@ -279,7 +280,7 @@ class VideoLoader(SingleLoaderWrapper):
         self.resize = resize
         self.on_error = on_error
         self.to_torch = bool(to_torch)
-        self.files = open_media(data, kind="video", labels=labels)
+        self.files = open_media(data, kind="video", labels=labels, recursive=recursive)
         self._closed = False
         self.last_ids = np.empty(0, np.int64)
         try:
@@ -393,7 +394,8 @@ def video(data: Any, *, clip: int = 16, stride: int = 8, fps: Any = 8, batch: in
           queue: int | None = None, prefetch: int | None = None, profile: str | None = None,
           constraints: Any = None, runtime: Any = None, rank: int = 0, world_size: int = 1,
           tail: str | None = None, resume: bytes | None = None,
-          timeline: bool | float = False, transform: Any = None) -> VideoLoader:
+          timeline: bool | float = False, transform: Any = None,
+          recursive: bool = True) -> VideoLoader:
     """Clips of ``clip`` frames at ``fps``, every ``stride`` resampled frames, from a folder of
     videos or a store of video files.
 
@@ -420,6 +422,8 @@ def video(data: Any, *, clip: int = 16, stride: int = 8, fps: Any = 8, batch: in
             ``"error"`` raises :class:`~headrace.DecodeError`.
         to_torch: torch tensors instead of NumPy arrays.
         labels: ``True``/``False``/``None`` (auto) labels by first-level folder (raw folders).
+        recursive: raw folders: read subfolders too (mx8's default); ``False`` reads only the
+            files directly in ``data``.
         index_dir: where the probe of the videos is cached (default
             ``$HEADRACE_VIDEO_INDEX_DIR``, else the user cache dir); keyed by the data version.
         progress: a progress bar on stderr while the videos are probed (``None``: only on a
@@ -441,4 +445,5 @@ def video(data: Any, *, clip: int = 16, stride: int = 8, fps: Any = 8, batch: in
                        seed=seed, epoch=epoch, epochs=epochs, drop_last=drop_last,
                        to_torch=to_torch, labels=labels, index_dir=index_dir,
                        progress=progress, loader_kw=loader_kw, resume=resume,
-                       timeline=timeline, transform=transform)
+                       timeline=timeline, transform=transform,
+                       recursive=recursive)

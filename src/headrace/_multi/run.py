@@ -32,8 +32,10 @@ def run(data: Any, *, batch: int = 512, ram_gb: float | None = 8.0, profile: str
         rank, world_size: override the launcher (torchrun, SLURM, ``jax.distributed``).
         job, coord, node: mx8's coordinator settings. headrace has no coordinator, so they are
             ignored with a warning that says so.
-        recursive, store, manifest, tune: accepted for mx8 compatibility (``store``/``manifest``
-            must be None: headrace resolves links itself).
+        recursive: folders and links: list subfolders too (default, as mx8); ``False``: only
+            the files directly in the folder (one process only).
+        store, manifest, tune: accepted for mx8 compatibility (``store``/``manifest`` must be
+            None: headrace resolves links itself).
         **kwargs: passed on (``order``, ``seed``, ``epoch``, ``epochs``, ``tail``, ``threads``, ...).
 
     Returns:
@@ -47,7 +49,7 @@ def run(data: Any, *, batch: int = 512, ram_gb: float | None = 8.0, profile: str
     if store is not None or manifest is not None:
         raise ConfigError("run(store=, manifest=) are mx8 manifest-store options; headrace reads "
                           "the dataset link itself: pass it as data ('path@sha256:...')")
-    del recursive, tune
+    del tune
     if getattr(constraints, "max_ram_bytes", None) is not None:
         ram_gb = None  # the explicit Constraints cap wins over run()'s 8 GiB default
     launch = detect(rank=rank, world_size=world_size)
@@ -56,8 +58,14 @@ def run(data: Any, *, batch: int = 512, ram_gb: float | None = 8.0, profile: str
 
         for key in ("check", "local_rank"):  # the agreement check and device: several ranks only
             kwargs.pop(key, None)
+        if recursive is not None:  # folders and links: list subfolders too (mx8's default)
+            kwargs["recursive"] = recursive
         return headrace.load(data, batch=batch, ram_gb=ram_gb, profile=profile, resume=resume,
                              constraints=constraints, runtime=runtime, **kwargs)
+    if recursive is False:
+        raise ConfigError("run(recursive=False) applies to one-process loading; under a launcher "
+                          "each rank opens the dataset as it is listed recursively: pack the "
+                          "top-level files into a store (headrace.pack) to read only those")
     from headrace._multi.dist import DistributedDataLoader
 
     return DistributedDataLoader(data, batch=batch, max_ram_gb=ram_gb, profile=profile,

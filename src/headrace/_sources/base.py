@@ -181,7 +181,8 @@ def _is_store_dir(data: Any) -> bool:
 
 
 def _open_store(data: Any, *, fields: list[str] | str | None = None,
-                verify: str = "first") -> Source:
+                verify: str = "first", recursive: bool = True) -> Source:
+    del recursive  # mx8's listing keyword: a store lists its own records, so it changes nothing
     if _is_store(data):
         return StoreSource(data, fields=fields, owned=False)
     from headrace._store.reader import open as open_store

@@ -188,8 +188,10 @@ def folder_class_labels(paths: list[str]) -> tuple[np.ndarray, list[str]]:
 
 
 def scan_tree(root: str, *, label_mode: str | None = "auto", require_labels: bool = False,
-              exclude: str | None = None) -> Scan:
+              exclude: str | None = None, recursive: bool = True) -> Scan:
     """Lists the image files under ``root`` with their labels (see ``pack_dir`` for the rules).
+
+    ``recursive=False`` lists only the files directly in ``root`` (so none has a class folder).
 
     Raises:
         ConfigError: bad ``label_mode``; or labels are required (``imagefolder`` or
@@ -200,10 +202,12 @@ def scan_tree(root: str, *, label_mode: str | None = "auto", require_labels: boo
     root = os.path.abspath(root)
     if not os.path.isdir(root):
         raise FileNotFoundError(f"in_dir must be a directory: {root!r} is not one")
-    listing = list_files(root, IMAGE_EXTENSIONS, exclude=exclude)
+    listing = list_files(root, IMAGE_EXTENSIONS, exclude=exclude, recursive=recursive)
     paths = listing.paths
     labels, classes, note = label_paths(paths, mode=mode, require_labels=require_labels,
                                         root=root)
+    if not recursive:  # a flat listing asked for: no file has a class folder, by request
+        note = None
     return Scan(root, paths, listing.sizes, labels, classes,
                 {"hidden": listing.hidden, "non_image": listing.other}, note, listing.mtimes_ns)
 
@@ -345,8 +349,9 @@ class FolderImages(ScannedFolder, ImageRecords):
     fingerprint: see :class:`ScannedFolder`)."""
 
     def __init__(self, root: str | os.PathLike[str], *, label_mode: str | None = "auto",
-                 require_labels: bool = False) -> None:
-        scan = scan_tree(os.fspath(root), label_mode=label_mode, require_labels=require_labels)
+                 require_labels: bool = False, recursive: bool = True) -> None:
+        scan = scan_tree(os.fspath(root), label_mode=label_mode, require_labels=require_labels,
+                         recursive=recursive)
         if scan.note is not None:
             warnings.warn(scan.note, UserWarning, stacklevel=3)
         self._use_scan(scan, fingerprint_prefix="folder", digest_chars=16)
@@ -805,7 +810,8 @@ def open_image_records(data: Any, *, label_mode: str | None = "auto",
     if is_mx8_pack(p):
         return Mx8PackImages(p)
     if os.path.isdir(p):
-        return FolderImages(p, label_mode=label_mode, require_labels=require_labels)
+        return FolderImages(p, label_mode=label_mode, require_labels=require_labels,
+                            recursive=link_options.get("recursive", True))
     raise FileNotFoundError(f"no such dataset {p!r}: expected a headrace store, an mx8 pack "
                             "directory, an image folder or an s3:// link")
 
@@ -832,7 +838,14 @@ def _register() -> None:
 
     register_source("image-folder", is_image_folder,
                     lambda d, **kw: FolderImages(d, **kw))
-    register_source("mx8-pack", is_mx8_pack, lambda d, **kw: Mx8PackImages(d, **kw))
+    register_source("mx8-pack", is_mx8_pack, _open_pack)
+
+
+def _open_pack(data: Any, *, recursive: bool = True) -> Mx8PackImages:
+    # ``recursive`` is mx8's listing keyword: a pack's manifest lists its records, so (as in mx8)
+    # it changes nothing here
+    del recursive
+    return Mx8PackImages(data)
 
 
 _register()

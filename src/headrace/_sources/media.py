@@ -103,10 +103,11 @@ class ViewReader(io.RawIOBase):
 
 
 def scan_media(root: str, *, kind: str, labels: bool | None = None,
-               exclude: str | None = None) -> Scan:
+               exclude: str | None = None, recursive: bool = True) -> Scan:
     """Lists the ``kind`` (``"audio"``/``"video"``) files under ``root`` with their labels.
 
     Args:
+        recursive: list subfolders too (``False``: only the files directly in ``root``).
         labels: ``True`` labels by first-level folder (every file must sit in one), ``False``
             never, ``None`` when every file sits in a folder.
     """
@@ -114,7 +115,7 @@ def scan_media(root: str, *, kind: str, labels: bool | None = None,
     root = os.path.abspath(root)
     if not os.path.isdir(root):
         raise FileNotFoundError(f"no such folder {root!r}")
-    listing = list_files(root, exts, exclude=exclude)
+    listing = list_files(root, exts, exclude=exclude, recursive=recursive)
     paths, sizes = listing.paths, listing.sizes
     label_ids = np.full(len(paths), -1, np.int64)
     classes = None
@@ -171,8 +172,8 @@ class FolderMedia(ScannedFolder, MediaFiles):
     :class:`~headrace._sources.images.ScannedFolder`)."""
 
     def __init__(self, root: str | os.PathLike[str], *, kind: str,
-                 labels: bool | None = None) -> None:
-        self._use_scan(scan_media(os.fspath(root), kind=kind, labels=labels),
+                 labels: bool | None = None, recursive: bool = True) -> None:
+        self._use_scan(scan_media(os.fspath(root), kind=kind, labels=labels, recursive=recursive),
                        fingerprint_prefix=f"{kind}-folder", digest_chars=24)
 
     def open(self, i: int) -> str:
@@ -251,8 +252,12 @@ class StoreMedia(MediaFiles):
         return f"StoreMedia({self.store!r})"
 
 
-def open_media(data: Any, *, kind: str, labels: bool | None = None) -> MediaFiles:
-    """A store (path or ``Store``) or a raw folder of ``kind`` files as :class:`MediaFiles`."""
+def open_media(data: Any, *, kind: str, labels: bool | None = None,
+               recursive: bool = True) -> MediaFiles:
+    """A store (path or ``Store``) or a raw folder of ``kind`` files as :class:`MediaFiles`.
+
+    ``recursive`` (mx8's keyword) applies to folders: ``False`` reads only the files directly in
+    it; a store lists its own records."""
     if isinstance(data, MediaFiles):
         return data
     if type(data).__name__ == "Store" and type(data).__module__ == "headrace._store.reader":
@@ -266,7 +271,7 @@ def open_media(data: Any, *, kind: str, labels: bool | None = None) -> MediaFile
 
             return StoreMedia(open_store(p), owned=True)
         if os.path.isdir(p):
-            return FolderMedia(p, kind=kind, labels=labels)
+            return FolderMedia(p, kind=kind, labels=labels, recursive=recursive)
         raise FileNotFoundError(f"no such dataset {p!r}: expected a headrace store or a folder "
                                 f"of {kind} files")
     raise ConfigError(f"cannot read {kind} from {data!r}: pass a store path or Store, or a "

@@ -19,16 +19,20 @@ class Listing(NamedTuple):
     other: int  # visible files whose extension is not in ``extensions``
 
 
-def list_files(root: str, extensions: Collection[str], *, exclude: str | None = None) -> Listing:
+def list_files(root: str, extensions: Collection[str], *, exclude: str | None = None,
+               recursive: bool = True) -> Listing:
     """Walks ``root`` (absolute) for files whose lower-cased extension is in ``extensions``.
 
-    ``exclude`` names a folder not to descend into (e.g. an output folder inside the input).
+    ``exclude`` names a folder not to descend into (e.g. an output folder inside the input);
+    ``recursive=False`` lists the files directly in ``root`` only (mx8's ``recursive=False``).
     Files that vanish during the walk are left out.
     """
     excl = os.path.abspath(exclude) if exclude is not None else None
     found: list[tuple[bytes, str, int, int]] = []
     hidden = other = 0
     for dirpath, dirnames, filenames in os.walk(root):
+        if not recursive:
+            dirnames[:] = []
         if excl is not None:
             dirnames[:] = [d for d in dirnames if os.path.join(dirpath, d) != excl]
         rel_dir = os.path.relpath(dirpath, root)

@@ -137,8 +137,12 @@ class ZrecordSource:
         return f"ZrecordSource({self._paths!r}, records={self._length})"
 
 
-def open_zrecord(data: Any, *, name: str = DEFAULT_NAME, **options: Any) -> ZrecordSource:
-    """Opens a container (its stream named ``name``) or a dict of containers as a source."""
+def open_zrecord(data: Any, *, name: str = DEFAULT_NAME, recursive: bool = True,
+                 **options: Any) -> ZrecordSource:
+    """Opens a container (its stream named ``name``) or a dict of containers as a source.
+
+    ``recursive`` (mx8's listing keyword) changes nothing: a container lists its own records."""
+    del recursive
     if options:
         raise ConfigError(f"options {sorted(options)} do not apply to a loaderx zrecord "
                           "container (it accepts name=)")
