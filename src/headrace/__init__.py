@@ -55,7 +55,7 @@ _EXPORTS: dict[str, str] = {
     "image": "_modal.image",
     "load": "_engine.load",
     "mix": "_multi.mix",
-    "open": "_store.reader",
+    "open": "_remote.open_store",
     "pack": "_pack.files",
     "pack_arrays": "_pack.arrays",
     "pack_arrow": "_pack.arrow",

@@ -60,7 +60,7 @@ _LOCK = threading.Lock()
 # Modules that register sources when imported. open_source imports them on a miss, so a user
 # never has to import e.g. the S3 module before passing "s3://..." to load().
 PLUGIN_MODULES: list[str] = ["headrace._sources.links", "headrace._sources.images",
-                              "headrace._sources.zrecord"]
+                              "headrace._sources.zrecord", "headrace._sources.mx8_s3"]
 
 
 def register_source(name: str, can_open: CanOpen, opener: Opener) -> None:

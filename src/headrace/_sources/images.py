@@ -818,11 +818,15 @@ def open_image_records(data: Any, *, label_mode: str | None = "auto",
 
 def _open_link(text: str, label_mode: str | None, require_labels: bool,
                options: dict[str, Any]) -> ImageRecords:
-    from headrace._sources.links import open_link
+    from headrace._sources.base import open_source
     from headrace._sources.raw import RawSource
 
     _check_label_mode(label_mode, require_labels)
-    src = open_link(text, **options)  # raw sources unlabeled: RawImages labels by scan_tree rules
+    # an mx8 pack on S3 is claimed by its own kind; any other link resolves to a snapshot (raw
+    # sources are unlabeled: RawImages labels them by scan_tree's rules)
+    src = open_source(text, **options)
+    if isinstance(src, ImageRecords):
+        return src
     try:
         if isinstance(src, RawSource):
             return RawImages(src, label_mode=label_mode, require_labels=require_labels)
