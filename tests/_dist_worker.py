@@ -42,6 +42,12 @@ def _take(loader, steps):
     return [[int(v) for v in next(loader)["x"]] for _ in range(steps)]
 
 
+def _elastic(loader):
+    s = loader.stats()
+    return {k: s[k] for k in ("elastic_transitions_total", "elastic_last_transition_reason",
+                              "elastic_current_world_size")}
+
+
 def main() -> None:
     scenario, store, out = sys.argv[1], sys.argv[2], sys.argv[3]
     token = bytes.fromhex(open(sys.argv[4]).read()) if len(sys.argv) > 4 else None  # noqa: SIM115
@@ -80,6 +86,7 @@ def main() -> None:
             report["run_first"] = [int(v) for v in next(loader)["x"]]
         # 6. elastic resume, part 1: a few steps of a shuffled epoch, then a checkpoint
         ddl = headrace.DistributedDataLoader(store, batch=BATCH, order="shuffle", seed=SEED)
+        report["elastic_stats"] = _elastic(ddl)
         report["elastic_read"] = _take(ddl, MAIN_STEPS)
         report["token"] = ddl.checkpoint().hex()
         ddl.close()
@@ -88,6 +95,7 @@ def main() -> None:
         ddl = headrace.DistributedDataLoader(store, batch=BATCH, order="shuffle", seed=SEED,
                                              resume_from=token, autotune=True)
         report["len"] = len(ddl)
+        report["elastic_stats"] = _elastic(ddl)
         if scenario == "resume":
             report["elastic_read"] = _take(ddl, RESUME_STEPS)
             report["token"] = ddl.checkpoint().hex()

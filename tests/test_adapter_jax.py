@@ -284,8 +284,9 @@ TWO_PROCESS_SCRIPT = textwrap.dedent("""
     assert x.shape == (64, 64) and x.sharding == sharding, (x.shape, x.sharding)
     (local,) = x.addressable_shards
     assert local.index[0] == slice(32 * rank, 32 * rank + 32), local.index
-    # The two ranks' batches together are one-process batch 3 of 64, in order.
-    with headrace.Loader(store, batch=64, **kwargs) as loader:
+    # The two ranks' batches together are one-process batch 3 of 64, in order (world_size=1:
+    # under jax.distributed a loader otherwise reads this process's share).
+    with headrace.Loader(store, batch=64, rank=0, world_size=1, **kwargs) as loader:
         for _ in range(3):
             whole = next(loader)["x"]
     np.testing.assert_array_equal(np.asarray(local.data), whole[32 * rank:32 * rank + 32])

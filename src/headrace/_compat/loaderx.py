@@ -49,7 +49,9 @@ class DataLoader(Loader):
         batch, order, shuffle, threads, prefetch: headrace's names of ``batch_size``, ``mode``,
             ``num_workers``, ``prefetch_size`` (pass one spelling). epoch, epochs (default
             ``None``: endless, as loaderx), drop_last, tail, rank, world_size, ram_gb, queue,
-            profile, constraints, runtime, timeline: as ``headrace.Loader``. ``transform`` keeps
+            profile, constraints, runtime, timeline: as ``headrace.Loader`` (rank and world size
+            from the launcher unless given: rank ``r``'s batches are steps ``k*W + r`` of the one
+            stream, endless or not). ``transform`` keeps
             loaderx's meaning, ``fn((data, label)) -> (data, label)``.
     """
 
@@ -59,8 +61,8 @@ class DataLoader(Loader):
                  transform: Callable[[Any], Any] = _identity, *, inflight: int | None = None,
                  resume: Any = None, batch: int | None = None, order: Any = None,
                  shuffle: bool = False, epoch: int = 0, epochs: int | None = None,
-                 drop_last: bool = False, tail: str | None = None, rank: int = 0,
-                 world_size: int = 1, threads: int | None = None, ram_gb: float | None = None,
+                 drop_last: bool = False, tail: str | None = None, rank: int | None = None,
+                 world_size: int | None = None, threads: int | None = None, ram_gb: float | None = None,
                  queue: int | None = None, prefetch: int | None = None,
                  profile: str | None = None, constraints: Any = None, runtime: Any = None,
                  timeline: bool | float = False) -> None:

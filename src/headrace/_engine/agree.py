@@ -116,7 +116,15 @@ def _gather_store(launch: Launch, payload: dict[str, Any],
     prefix = PrefixStore(f"headrace/agree/{run}/{next(_calls)}/", store)
     prefix.set(str(launch.rank), json.dumps(payload, sort_keys=True))
     keys = [str(r) for r in range(launch.world_size)]
-    prefix.wait(keys, timedelta(seconds=_TIMEOUT_S))
+    try:
+        prefix.wait(keys, timedelta(seconds=_TIMEOUT_S))
+    except Exception as e:  # torch raises its own DistStoreError / RuntimeError on a timeout
+        missing = [k for k in keys if not prefix.check([k])]
+        raise ConfigError(
+            f"rank {launch.rank} of {launch.world_size} waited {_TIMEOUT_S:.0f} s for ranks "
+            f"{missing} to build the same loader ({type(e).__name__}). Every rank must build "
+            "its loaders in the same sequence; a loader only some ranks build (e.g. evaluation "
+            "on rank 0) passes world_size=1") from None
     return [json.loads(prefix.get(k).decode()) for k in keys]
 
 
@@ -153,7 +161,8 @@ def agree(launch: Launch, payload: dict[str, Any], *, what: str = "the dataset",
             f"rank {launch.rank} of {launch.world_size} ({launch.launcher}) cannot check that all "
             f"ranks read the same {what}: no torch.distributed process group, no jax.distributed "
             "and no torchrun store is available. Call torch.distributed.init_process_group() or "
-            "jax.distributed.initialize() first, or pass check=False to skip the check")
+            "jax.distributed.initialize() before building the loader, or pass rank= and "
+            "world_size= explicitly (or check=False) to read without the check")
     reference = everyone[0]
     problems = []
     for r, theirs in enumerate(everyone):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from headrace._base.errors import ConfigError
 
-__all__ = ["Launch", "detect"]
+__all__ = ["Launch", "detect", "resolve"]
 
 _TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -134,3 +134,18 @@ def detect(*, rank: int | None = None, world_size: int | None = None,
         world_size = 1
     return Launch(rank=0 if rank is None else int(rank), world_size=int(world_size),
                   local_rank=0 if local_rank is None else int(local_rank), launcher=launcher)
+
+
+def resolve(*, rank: int | None, world_size: int | None,
+            check: bool | None = None) -> tuple[Launch, bool]:
+    """What a loader reads: ``(launch, run_the_agreement_check)``.
+
+    ``check=None`` (a loader's default) checks only when the world came from a launcher: explicit
+    ``rank=``/``world_size=`` may describe a data-parallel group that is not the launcher's world
+    (or ranks simulated in one process), and a loader rebuilt with the values it already agreed
+    on must not exchange again. ``check=True`` always checks a multi-process world.
+    """
+    launch = detect(rank=rank, world_size=world_size)
+    if check is None:
+        check = rank is None and world_size is None
+    return launch, bool(check) and launch.distributed

@@ -40,7 +40,8 @@ def load(data: Any, *, batch: int = 512, inflight: int | None = None, queue: int
          resume: bytes | None = None, start: int | None = None, end: int | None = None,
          seed: int = 0, epoch: int = 0, shuffle: bool = False, order: Any = None,
          epochs: int | None = 1, drop_last: bool = False, tail: str | None = None,
-         rank: int = 0, world_size: int = 1, threads: int | None = None,
+         rank: int | None = None, world_size: int | None = None, check: bool | None = None,
+         threads: int | None = None,
          constraints: Constraints | None = None, runtime: RuntimeConfig | None = None,
          transform: Transform | None = None,
          transform_nbytes: Callable[[int], int] | None = None,
@@ -62,8 +63,9 @@ def load(data: Any, *, batch: int = 512, inflight: int | None = None, queue: int
         start, end: record range, set together.
         shuffle, order: ``order`` is ``"sequential"``, ``"shuffle"`` or ``"iid"``; ``shuffle=True``
             is ``order="shuffle"``.
-        epochs, drop_last, tail, rank, world_size, threads, transform, transform_nbytes,
-            timeline: as for ``Loader``.
+        epochs, drop_last, tail, rank, world_size, check, threads, transform, transform_nbytes,
+            timeline: as for ``Loader`` (under a launcher, torchrun, SLURM or
+            ``jax.distributed``, each rank reads its own share, checked across ranks).
         **options: passed to the source opener (e.g. ``fields=["image"]``, ``verify="never"``).
 
     Raises:
@@ -89,7 +91,7 @@ def load(data: Any, *, batch: int = 512, inflight: int | None = None, queue: int
                         start=start, end=end, transform=transform,
                         transform_nbytes=transform_nbytes, threads=threads, inflight=inflight,
                         ram_gb=ram_gb, queue=queue, prefetch=prefetch, profile=profile,
-                        constraints=constraints, runtime=runtime, resume=resume,
+                        constraints=constraints, runtime=runtime, resume=resume, check=check,
                         close_source=True, timeline=timeline)
     except BaseException:
         source.close()

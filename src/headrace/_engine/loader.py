@@ -43,6 +43,7 @@ from headrace._engine import checkpoint as _checkpoint
 from headrace._engine.budget import ByteBudget
 from headrace._engine.config import Constraints, ResolvedConfig, RuntimeConfig, resolve_config
 from headrace._engine.keywords import checked
+from headrace._engine.launcher import resolve as resolve_launch
 from headrace._engine.stats import LoaderCounters, print_line
 from headrace._engine.timeline import Recorder
 from headrace._order.make import make_order
@@ -451,11 +452,22 @@ class Loader:
         epochs: how many epochs to read; ``None`` = endless (step-based; batches run across epoch
             boundaries and each epoch is reshuffled).
         drop_last: drop an incomplete last batch of each epoch (same as ``tail="drop"``).
-        rank, world_size: read rank ``rank``'s share of the global stream (see ``headrace._order.plan.BatchPlan``).
+        rank, world_size: read rank ``rank``'s share of the global stream (see
+            ``headrace._order.plan.BatchPlan``). ``None`` (default) reads them from the launcher:
+            torchrun (``RANK``/``WORLD_SIZE``), a SLURM job step, or ``jax.distributed`` when
+            initialized; one process is rank 0 of 1.
         tail: incomplete last global step of an epoch: ``"partial"`` (default for one rank),
-            ``"pad"`` (default for several ranks: all ranks get the same number of full
-            batches) or ``"drop"``. ``tail`` and ``drop_last`` only matter in epoch mode: an
-            endless loader's batches are always full and run across epoch boundaries.
+            ``"pad"`` (default for several ranks: every rank reads ``ceil(N / world_size)``
+            samples, the last batch shorter, fewer than ``world_size`` read twice, as torch's
+            ``DistributedSampler``) or ``"drop"`` (full batches only). ``pad`` and ``drop``
+            give every rank the same batch count. ``tail`` and ``drop_last`` only matter in
+            epoch mode: an endless loader's batches are always full and run across epochs.
+        check: compare dataset fingerprint, order, seed, batch, tail and position across ranks
+            before reading, through the launcher's engine (``torch.distributed``,
+            ``jax.distributed`` or torchrun's store); a difference raises ``ConfigError`` on
+            every rank. ``None`` (default): when rank and world size came from the launcher.
+            Every rank must then build its loaders in the same sequence; a loader only some
+            ranks build passes ``world_size=1``.
         start, end: read only records ``[start, end)`` (the order maps into that range).
         transform: ``fn(batch, ids) -> batch`` (``ids``: the batch's record ids, an int64 array
             of its own), runs in worker threads (or in the consumer's,
@@ -482,7 +494,8 @@ class Loader:
     @checked("Loader()")
     def __init__(self, source: Any, *, batch: int = 256, order: Any = None,
                  shuffle: bool = False, seed: int = 0, epoch: int = 0, epochs: int | None = 1, drop_last: bool = False,
-                 rank: int = 0, world_size: int = 1, tail: str | None = None,
+                 rank: int | None = None, world_size: int | None = None,
+                 tail: str | None = None, check: bool | None = None,
                  start: int | None = None, end: int | None = None,
                  transform: Transform | None = None,
                  transform_nbytes: Callable[[int], int] | None = None,
@@ -509,10 +522,16 @@ class Loader:
         first_epoch = _check_int("epoch", epoch, 0)
         if epochs is not None:
             epochs = _check_int("epochs", epochs, 0)
-        self.world_size = _check_int("world_size", world_size, 1)
-        self.rank = _check_int("rank", rank, 0)
-        if self.rank >= self.world_size:
-            raise ConfigError(f"rank must be < world_size, got rank={rank} world_size={world_size}")
+        if world_size is not None:
+            world_size = _check_int("world_size", world_size, 1)
+        if rank is not None:
+            rank = _check_int("rank", rank, 0)
+            if world_size is not None and rank >= world_size:
+                raise ConfigError(f"rank must be < world_size, got rank={rank} "
+                                  f"world_size={world_size}")
+        launch, self._agree = resolve_launch(rank=rank, world_size=world_size, check=check)
+        self.rank, self.world_size = launch.rank, launch.world_size
+        self._launch = launch
         if tail is None:
             tail = "drop" if drop_last else ("partial" if self.world_size == 1 else "pad")
         elif drop_last and tail != "drop":
@@ -563,6 +582,8 @@ class Loader:
         self._done_high = 0
         if resume is not None:
             self._adopt(resume)
+        if self._agree:
+            self._agree_with_ranks()
         self._plan = self._make_plan()
         self._check_first_batch()
         self._start()
@@ -617,6 +638,21 @@ class Loader:
         self._budget = budget
         self._plan = self._make_plan()
         self._start()
+
+    def _agree_with_ranks(self) -> None:
+        """Every rank must read the same data in the same order with the same batch and tail,
+        from the same position: exchanged through the launcher's engine, refused on every rank
+        when any differs (``headrace._engine.agree``)."""
+        from headrace._engine.agree import agree
+
+        lo, hi = self._range
+        agree(self._launch, {
+            "fingerprint": _checkpoint.fingerprint_key(self.source.fingerprint),
+            "length": self.length, "start": lo, "end": hi, "order": self._mode.name.lower(),
+            "seed": self.seed, "batch": self.batch_size, "epoch": self._first_epoch,
+            "epochs": self._epochs, "tail": self.tail, "position": self._position,
+            "world_size": self.world_size,
+        }, what="the dataset, order and batch")
 
     def _check_first_batch(self) -> None:
         """A cap smaller than one batch is an error now, with the minimum, never a hang later."""

@@ -338,6 +338,9 @@ class ImageLoader(LoaderWrapper):
     def _open_epoch(self, e: int, token: bytes | None) -> Loader:
         ld = Loader(self._source, epoch=e, epochs=1, transform=self._transform(e), resume=token,
                     **self._kw)
+        # the first epoch's loader resolved the ranks (and agreed on them): later epochs read
+        # the same ranks, without another exchange
+        self._kw.update(rank=ld.rank, world_size=ld.world_size)
         self._inner = ld if self._end_epoch is None or e < self._end_epoch else None
         if self._inner is None:
             ld.close()
@@ -610,7 +613,8 @@ def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | Non
           label_mode: str | None = "auto", threads: int | None = None,
           inflight: int | None = None, ram_gb: float | None = None, queue: int | None = None,
           prefetch: int | None = None, profile: str | None = None, constraints: Any = None,
-          runtime: Any = None, rank: int = 0, world_size: int = 1, tail: str | None = None,
+          runtime: Any = None, rank: int | None = None, world_size: int | None = None,
+          tail: str | None = None,
           resume: bytes | None = None, start: int | None = None, end: int | None = None,
           store: str | None = None, recursive: bool = True, autopack: bool = False,
           shard_mb: float = 512, tune: bool | None = None, timeline: bool | float = False,
@@ -659,7 +663,8 @@ def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | Non
         to_torch: yield torch tensors (torch is imported only then).
         label_mode: for raw folders, as in :func:`headrace.pack_dir`.
         threads, inflight, ram_gb, queue, prefetch, profile, constraints, runtime, rank,
-            world_size, tail, resume: as in :class:`headrace.Loader`.
+            world_size, tail, resume: as in :class:`headrace.Loader` (rank and world size from
+            the launcher unless given; ``tail="pad"`` pads samples, as ``DistributedSampler``).
         start, end: read only records ``[start, end)`` (set together; mx8's ``start``/``end``).
             Augmentations stay keyed by the record id, so a sub-range decodes its records
             exactly as the full range does.

@@ -581,7 +581,8 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
          recursive: bool = True, stream: bool = False, cache_dir: str | None = None, to_torch: bool = False, progress: bool | None = False,
          threads: int | None = None, inflight: int | None = None, ram_gb: float | None = None,
          queue: int | None = None, prefetch: int | None = None, profile: str | None = None,
-         constraints: Any = None, runtime: Any = None, rank: int = 0, world_size: int = 1,
+         constraints: Any = None, runtime: Any = None, rank: int | None = None,
+         world_size: int | None = None,
          resume: bytes | None = None, timeline: bool | float = False, transform: Any = None,
          **options: Any) -> TextLoader:
     """Token windows ``(batch, seq_len)`` for language-model training, deterministic and resumable.

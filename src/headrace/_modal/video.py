@@ -392,7 +392,8 @@ def video(data: Any, *, clip: int = 16, stride: int = 8, fps: Any = 8, batch: in
           to_torch: bool = False, labels: bool | None = None, index_dir: Any = None,
           progress: bool | None = None, threads: int | None = None, inflight: int | None = None, ram_gb: float | None = None,
           queue: int | None = None, prefetch: int | None = None, profile: str | None = None,
-          constraints: Any = None, runtime: Any = None, rank: int = 0, world_size: int = 1,
+          constraints: Any = None, runtime: Any = None, rank: int | None = None,
+          world_size: int | None = None,
           tail: str | None = None, resume: bytes | None = None,
           timeline: bool | float = False, transform: Any = None,
           recursive: bool = True) -> VideoLoader:
@@ -429,7 +430,8 @@ def video(data: Any, *, clip: int = 16, stride: int = 8, fps: Any = 8, batch: in
         progress: a progress bar on stderr while the videos are probed (``None``: only on a
             terminal; a cached probe shows none).
         threads, inflight, ram_gb, queue, prefetch, profile, constraints, runtime, rank,
-            world_size, tail, resume: as in :class:`headrace.Loader`.
+            world_size, tail, resume: as in :class:`headrace.Loader` (rank and world size from
+            the launcher unless given).
         timeline: record a stats timeline (``True``: a snapshot every 0.5 s; a number: the
             period in seconds) for ``stats_timeline()`` and ``headrace.plot``.
         transform: ``fn(batch, ids) -> batch``, run in the loader's threads on each batch as it

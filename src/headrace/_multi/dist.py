@@ -4,8 +4,9 @@ There is no coordinator and no lease: order is a pure function of ``(seed, epoch
 every rank computes its own share. With world size ``W`` and batch ``B``, rank ``r``'s ``k``-th batch
 holds global positions ``base + (k*W + r)*B .. + B`` (``docs/internals.md``); together the ranks
 cover each record of an epoch exactly once. The incomplete last global step is padded (``tail="pad"``,
-default: every rank gets the same number of full batches, the pad wraps to the epoch's first
-records, so DDP never waits on a rank that ran out) or dropped (``tail="drop"``).
+default: every rank reads ``ceil(N / W)`` samples and the same number of batches, the few samples
+short wrap to the epoch's first records, as torch's ``DistributedSampler``; so DDP never waits on
+a rank that ran out) or dropped (``tail="drop"``: full batches only).
 
 Before reading, the ranks agree on the snapshot fingerprint, length, seed, order, batch size, epoch
 and resume position through the launcher's own engine (``_agree``), so a rank on another snapshot
@@ -155,10 +156,13 @@ class DistributedDataLoader(InnerState, TimelineMixin):
                                       "the agreement step")
                 seed = int(seed_proposal or 0)
             self.snapshot = str(source.fingerprint)
+            self._transitions = 0
+            self._transition_reason = "none"
+            self._note_world_of(token)
             self._loader = Loader(
                 source, batch=batch, order=order, seed=seed, epoch=epoch, epochs=epochs,
                 rank=self.launch.rank, world_size=self.launch.world_size, tail=tail,
-                resume=token, inflight=max_inflight_bytes, queue=max_queue_batches,
+                check=False, resume=token, inflight=max_inflight_bytes, queue=max_queue_batches,
                 prefetch=prefetch_batches, ram_gb=max_ram_gb, profile=profile,
                 constraints=constraints, runtime=runtime, **loader_kwargs)
         except BaseException:
@@ -174,6 +178,25 @@ class DistributedDataLoader(InnerState, TimelineMixin):
 
     def _state_loader(self) -> Any:
         return self._loader
+
+    def _note_world_of(self, state: Any) -> None:
+        """Count an elastic transition when ``state`` was taken on another world size (measured
+        from the token, for ``stats()``; headrace needs no coordinator to make one)."""
+        if state is None:
+            return
+        from headrace._engine import checkpoint as _checkpoint
+
+        prior = _checkpoint.decode(state).world_size
+        if prior != self.launch.world_size:
+            self._transitions += 1
+            self._transition_reason = (f"resumed a world_size={prior} checkpoint on "
+                                       f"world_size={self.launch.world_size}")
+
+    def load_state_dict(self, state: Any) -> None:
+        """Continue from ``state`` in place (see ``Loader.load_state_dict``); a state taken on
+        another world size counts in ``stats()["elastic_transitions_total"]``."""
+        self._loader.load_state_dict(state)
+        self._note_world_of(state)
 
     def __next__(self) -> Any:
         try:
@@ -251,7 +274,8 @@ class DistributedDataLoader(InnerState, TimelineMixin):
             "world_size": self.launch.world_size, "local_rank": self.launch.local_rank,
             "launcher": self.launch.launcher, "manifest_hash": self.snapshot,
             "effective_want": 1, "elastic_transition_pending": False,
-            "elastic_transitions_total": 0, "elastic_last_transition_reason": "none",
+            "elastic_transitions_total": self._transitions,
+            "elastic_last_transition_reason": self._transition_reason,
             "elastic_current_world_size": self.launch.world_size,
             "elastic_target_world_size": self.launch.world_size,
         })

@@ -32,9 +32,12 @@ class BatchPlan:
 
     Rank ``r`` of ``W`` with batch ``B`` reads positions ``base + (k*W + r)*B .. + B`` where
     ``base`` is the position the loader (or the epoch) starts from. In epoch mode a segment ends
-    at the epoch boundary; ``tail`` decides the incomplete last global step: ``"drop"`` it,
-    give ``"partial"`` batches (ranks may then differ by one batch), or ``"pad"`` every rank to a
-    full batch by wrapping around to the epoch's first positions.
+    at the epoch boundary; ``tail`` decides the incomplete last global step (``rem < W*B``
+    positions): ``"drop"`` it, give ``"partial"`` batches (ranks may then differ by one batch), or
+    ``"pad"``: every rank takes ``ceil(rem / W)`` consecutive positions of it, the last ranks
+    wrapping around to the epoch's first positions. So with ``"pad"`` each rank reads
+    ``ceil(R / W)`` samples of the ``R`` left in the epoch, and fewer than ``W`` are read twice,
+    as torch's ``DistributedSampler`` pads samples (not batches).
     """
 
     def __init__(self, *, length: int, batch: int, rank: int, world_size: int, tail: str,
@@ -90,7 +93,12 @@ class BatchPlan:
             if rem and self.tail == "partial" and rem > r * b:
                 yield Step(last, min(b, rem - r * b), None, epoch_end)
             elif rem and self.tail == "pad":
-                pos = last + np.arange(b, dtype=np.int64)
-                wrapped = epoch_start + (pos - epoch_start) % n
-                yield Step(last, b, wrapped, epoch_end)
+                share = -(-rem // w)  # <= b, since rem < w*b
+                first = seg + full * g + r * share
+                if first + share <= epoch_end:
+                    yield Step(first, share, None, epoch_end)
+                else:  # past the epoch's end: wrap to its first positions
+                    pos = first + np.arange(share, dtype=np.int64)
+                    wrapped = epoch_start + (pos - epoch_start) % n
+                    yield Step(first, share, wrapped, epoch_end)
             seg = epoch_end

@@ -197,6 +197,11 @@ class RemoteStore:
     def attrs(self) -> dict[str, Any]:
         return dict(self.meta.attrs)
 
+    def aux_entries(self, field: str) -> np.ndarray:
+        """``field``'s aux entries (crc32c of each record's stored bytes, decoded size), fetched
+        when the store was opened: as :meth:`headrace.Store.aux_entries`."""
+        return self._fields[field].aux
+
     def nbytes(self, ids: Any, fields: str | Iterable[str] | None = None) -> int:
         """Decoded output bytes plus the range buffers fetched to produce them."""
         idx = record_ids(ids, len(self))

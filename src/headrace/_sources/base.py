@@ -202,7 +202,9 @@ class ArraySource:
 
     ``nbytes`` is exact for arrays and for datasets exposing ``dtype`` and a fixed ``shape``; for
     anything else (ragged datasets) it is estimated from record 0, so the byte cap is approximate
-    for those. In-memory data has no generation: the fingerprint covers names, shapes and dtypes.
+    for those. In-memory data has no generation: the fingerprint covers names, shapes, dtypes and
+    the content of NumPy columns (all of it up to 64 MiB a column, else 4096 evenly spaced rows),
+    so ranks that generated different arrays of one shape are told apart.
 
     Args:
         columns: ``{name: array or dataset}``, all of the same length.
@@ -219,8 +221,11 @@ class ArraySource:
         self._row_bytes = {name: self._row_nbytes(col) for name, col in self.columns.items()}
         desc = [[name, str(getattr(c, "dtype", "?")), list(getattr(c, "shape", ())),
                  type(c).__name__] for name, c in self.columns.items()]
-        digest = hashlib.sha256(json.dumps(desc).encode()).hexdigest()[:16]
-        self._fingerprint = f"arrays:{self._length}:{digest}"
+        h = hashlib.sha256(json.dumps(desc).encode())
+        for col in self.columns.values():
+            if isinstance(col, np.ndarray):
+                h.update(_content_sample(col))
+        self._fingerprint = f"arrays:{self._length}:{h.hexdigest()[:16]}"
 
     def _row_nbytes(self, col: Any) -> int:
         dtype = getattr(col, "dtype", None)
@@ -256,6 +261,21 @@ class ArraySource:
 
     def close(self) -> None:
         pass
+
+
+_HASH_WHOLE_BYTES = 64 << 20
+_HASH_SAMPLE_ROWS = 4096
+
+
+def _content_sample(col: np.ndarray) -> bytes:
+    """The bytes of ``col`` that its fingerprint hashes: all of a small array, else a fixed,
+    evenly spaced sample of rows (hashing gigabytes at every loader construction costs more
+    than it protects). Object arrays hold pointers, which differ between processes: not hashed."""
+    if col.dtype.hasobject:
+        return b""
+    if col.nbytes > _HASH_WHOLE_BYTES and len(col) > _HASH_SAMPLE_ROWS:
+        col = col[np.linspace(0, len(col) - 1, _HASH_SAMPLE_ROWS).astype(np.int64)]
+    return np.ascontiguousarray(col).tobytes()
 
 
 def _payload_nbytes(value: Any) -> int:

@@ -603,7 +603,7 @@ class StoreImages(ImageRecords):
             self.classes = [str(c) for c in attrs["classes"]]
         elif attrs.get("labels"):
             self.classes = self._read_labels(str(attrs["labels"]), where)
-        self._fingerprint = store_fingerprint(store)
+        self._fingerprint = store_fingerprint(store, length=self._length)
         self._labels: np.ndarray | None = None
         if self._remote and self._has_label and self._length:
             self._labels = np.asarray(

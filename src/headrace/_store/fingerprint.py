@@ -1,4 +1,12 @@
-"""``store_fingerprint``: the data version a checkpoint and the ranks' agreement check compare."""
+"""``store_fingerprint``: the data version a checkpoint and the ranks' agreement check compare.
+
+It hashes what the records *are*, not how big the store is: every record's aux entry (the crc32c
+of its stored bytes and its decoded size, already on disk beside the index) plus the schema and
+the record count. Two stores of the same shape but different bytes differ; a copied or moved store
+(or one whose chunks were laid out differently) keeps its fingerprint, so its tokens resume. The
+aux files are read once at open: 8 bytes per record and field, hashed at about 2 GB/s (sha256
+with the CPU's SHA instructions), so about 40 ms for 10 million records per field.
+"""
 
 from __future__ import annotations
 
@@ -11,19 +19,29 @@ import numpy as np
 __all__ = ["store_fingerprint"]
 
 
-def store_fingerprint(store: Any) -> str:
-    """The data version of a store: its generation plus a hash of schema and committed chunks.
+def store_fingerprint(store: Any, *, length: int | None = None) -> str:
+    """The data version of a store (a local ``Store`` or a ``RemoteStore``).
 
-    Derived from ``meta.json`` content, not the path, so a copied or moved store resumes; any commit
-    that changes records (a new generation, or appended chunks) changes it.
+    ``store:g<generation>:<digest>``: ``digest`` covers the schema, the record count and every
+    record's aux entry (crc32c of its stored bytes, decoded size), field by field.
+
+    Args:
+        store: anything with ``meta`` and ``aux_entries(field)``.
+        length: fingerprint only records ``[0, length)`` (a snapshot pinned before later
+            appends); default all committed records.
     """
     meta = store.meta
-    material = {
+    n = meta.length if length is None else min(int(length), meta.length)
+    schema = {
         "fields": [[f.spec.name, np.dtype(f.spec.dtype).str,
                     None if f.spec.shape is None else list(f.spec.shape), f.spec.codec]
                    for f in meta.fields],
-        "chunks": [[c.id, c.field, c.size] for c in meta.chunks],
-        "length": meta.length,
+        "length": n,
     }
-    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
-    return f"store:g{meta.generation}:{digest}"
+    h = hashlib.sha256(json.dumps(schema, sort_keys=True).encode())
+    for f in meta.fields:
+        aux = np.ascontiguousarray(store.aux_entries(f.spec.name)[:n])
+        # a truncated aux file hashes what is there; reading those records raises CorruptionError
+        h.update(b"%d:" % len(aux))
+        h.update(aux.view(np.uint8).data)
+    return f"store:g{meta.generation}:{h.hexdigest()[:16]}"

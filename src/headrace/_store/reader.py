@@ -557,6 +557,11 @@ class Store:
                 total += int(f.aux["nbytes"][idx].sum(dtype=np.int64))
         return total
 
+    def aux_entries(self, field: str) -> np.ndarray:
+        """``field``'s aux entries (``crc``: crc32c of each record's stored bytes, ``nbytes``: its
+        decoded size), one per committed record: a read-only view of the mapped file."""
+        return self._st.fields[field].aux
+
     def record(self, i: int, field: str) -> np.ndarray:
         """One record of ``field``. Raw records are zero-copy read-only views of the mmap."""
         st = self._st
