@@ -44,6 +44,9 @@ class Data:
     tokens_b: Path = field(init=False)
     audio: Path = field(init=False)
     video: Path = field(init=False)
+    empty_store: Path = field(init=False)
+    empty_tokens: Path = field(init=False)
+    empty_npy: tuple[Path, Path] = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.root
@@ -68,6 +71,16 @@ class Data:
         self.video = r / "video"
         for i in range(2):
             write_video(str(self.video / f"v{i}.mp4"), 24, fps=24, size=(16, 16), gop=6)
+        # nothing to yield: no records (the media kinds get a folder of another kind's files)
+        self.empty_store = r / "empty.hr"
+        headrace.pack_arrays(self.empty_store, x=np.zeros(0, np.int64), progress=False)
+        self.empty_tokens = r / "empty_tokens.hr"
+        with headrace.create(str(self.empty_tokens),
+                             fields={"tokens": {"dtype": "int32", "shape": None}}) as w:
+            w.commit()
+        self.empty_npy = (r / "empty_x.npy", r / "empty_y.npy")
+        np.save(self.empty_npy[0], np.zeros((0, 3), np.float32))
+        np.save(self.empty_npy[1], np.zeros(0, np.int64))
 
     def _token_store(self, name: str, *, tag: int) -> Path:
         """12 documents of 3..14 tokens; token values say the store, document and position."""
@@ -90,12 +103,14 @@ class Kind:
         name: the test id.
         make: ``make(data, **kw) -> loader``; ``kw`` are core keywords (``resume``, ``epochs``,
             ``seed``, ``timeline`` ...) passed through to the loader's constructor.
+        empty: ``empty(data, epochs=...) -> loader`` of this kind with nothing to yield.
         endless: the kind has no epochs (loaderx's DataLoader): checks read ``take`` batches.
         take: batches a check reads (for an endless kind, and to keep the others short).
     """
 
     name: str
     make: Make
+    empty: Make
     endless: bool = False
     take: int | None = None
 
@@ -159,9 +174,11 @@ def _mix_arrays(d: Data, **kw: Any) -> Any:
 
 
 def _dataloader(d: Data, **kw: Any) -> Any:
-    kw = {"seed": 3, "num_workers": 2, **kw}
+    kw = {"seed": 3, "threads": 2, **kw}
+    if "order" not in kw and "shuffle" not in kw:
+        kw["mode"] = 2  # loaderx's spelling of order="shuffle"
     return headrace.DataLoader(headrace.Dataset(str(d.npy_x)), headrace.Dataset(str(d.npy_y)),
-                               batch_size=BATCH, mode=2, **kw)
+                               batch_size=BATCH, **kw)
 
 
 def _distributed(d: Data, **kw: Any) -> Any:
@@ -171,15 +188,27 @@ def _distributed(d: Data, **kw: Any) -> Any:
                                           check=False, **kw)
 
 
+def _empty_mix(d: Data, *, epochs: int | None) -> Any:
+    """Endless (``epochs=None``): a source that never yields, restarted for ever by the mix."""
+    sources = [headrace.load(str(d.empty_store), batch=BATCH),
+               headrace.load(str(d.store), batch=BATCH)]
+    return headrace.mix(sources, on_source_exhausted="restart" if epochs is None else "drop")
+
+
 KINDS: dict[str, Kind] = {k.name: k for k in [
-    Kind("Loader", _loader),
-    Kind("load", _load),
-    Kind("image", _image),
-    Kind("text", _text),
-    Kind("audio", _audio),
-    Kind("video", _video),
-    Kind("mix", _mix),
-    Kind("mix-arrays", _mix_arrays),
-    Kind("DataLoader", _dataloader, endless=True, take=25),
-    Kind("DistributedDataLoader", _distributed),
+    Kind("Loader", _loader, lambda d, **kw: headrace.Loader(str(d.empty_store), batch=BATCH, **kw)),
+    Kind("load", _load, lambda d, **kw: headrace.load(str(d.empty_store), batch=BATCH, **kw)),
+    Kind("image", _image, lambda d, **kw: headrace.image(str(d.audio), batch=BATCH, **kw)),
+    Kind("text", _text, lambda d, **kw: headrace.text(str(d.empty_tokens), batch=BATCH, seq_len=8,
+                                                      eos_id=2, **kw)),
+    Kind("audio", _audio, lambda d, **kw: headrace.audio(str(d.images), batch=BATCH, **kw)),
+    Kind("video", _video, lambda d, **kw: headrace.video(
+        str(d.audio), batch=BATCH, index_dir=str(d.root / "video-index"), progress=False, **kw)),
+    Kind("mix", _mix, _empty_mix),
+    Kind("mix-arrays", _mix_arrays, _empty_mix),
+    Kind("DataLoader", _dataloader, lambda d, **kw: headrace.DataLoader(
+        headrace.Dataset(str(d.empty_npy[0])), headrace.Dataset(str(d.empty_npy[1])),
+        batch_size=BATCH, **kw), endless=True, take=25),
+    Kind("DistributedDataLoader", _distributed, lambda d, **kw: headrace.DistributedDataLoader(
+        str(d.empty_store), batch=BATCH, rank=1, world_size=2, check=False, **kw)),
 ]}

@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -268,7 +269,7 @@ def test_torch_adapters_accept_the_batches_and_resume(kind: Kind, data: Data) ->
 # -- timeline, stats, print_stats, close -------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", kinds("load", "DataLoader"), ids=repr)
+@pytest.mark.parametrize("kind", ALL, ids=repr)
 def test_timeline_stats_print_stats_and_close(kind: Kind, data: Data) -> None:
     with kind.make(data, timeline=0.001) as loader:
         got = read(loader, 3)
@@ -295,6 +296,93 @@ def test_close_is_idempotent_and_ends_iteration(kind: Kind, data: Data) -> None:
     with kind.make(data) as again:
         next(again)
     assert next(again, None) is None or kind.endless
+
+
+# -- nothing to yield --------------------------------------------------------------------------
+
+
+def _outcome(fn: Any, limit_s: float = 60.0) -> BaseException | None:
+    """What ``fn()`` raised (None: it returned), failing if it still runs after ``limit_s``: a
+    loader that spins instead of raising would otherwise hang the suite."""
+    box: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            fn()
+            box.append(None)
+        except BaseException as e:  # reported below
+            box.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(limit_s)
+    assert box, f"still running after {limit_s} s: a spin instead of an error"
+    return box[0]
+
+
+def _drain_empty(kind: Kind, data: Data, epochs: int | None) -> None:
+    with kind.empty(data, epochs=epochs) as loader:
+        for _ in zip(range(1000), loader, strict=False):
+            pass
+
+
+@pytest.mark.parametrize("kind", ALL, ids=repr)
+def test_nothing_to_yield_endless_is_an_error_not_a_spin(kind: Kind, data: Data) -> None:
+    err = _outcome(lambda: _drain_empty(kind, data, None))
+    assert isinstance(err, headrace.HeadraceError), f"{kind}: {err!r}"
+
+
+@pytest.mark.parametrize("kind", kinds("Loader", "load", "DataLoader", "DistributedDataLoader",
+                                       "mix", "mix-arrays"), ids=repr)
+def test_nothing_to_yield_in_one_epoch_is_an_error(kind: Kind, data: Data) -> None:
+    err = _outcome(lambda: _drain_empty(kind, data, 1))
+    assert isinstance(err, headrace.HeadraceError), f"{kind}: {err!r}"
+
+
+# -- keywords ----------------------------------------------------------------------------------
+
+#: the core keywords a mix takes (the others are its sources' business: batch, order, threads ...)
+MIX_CORE = ("seed", "epoch", "inflight", "ram_gb", "profile", "constraints", "runtime", "resume",
+            "timeline")
+
+
+@pytest.mark.parametrize(("typo", "meant"), [("sede", "seed"), ("resum", "resume"),
+                                             ("timelime", "timeline")])
+@pytest.mark.parametrize("kind", ALL, ids=repr)
+def test_an_unknown_keyword_is_a_config_error_naming_the_closest(kind: Kind, data: Data,
+                                                                 typo: str, meant: str) -> None:
+    with pytest.raises(headrace.ConfigError, match=f"did you mean '{meant}'") as info:
+        kind.make(data, **{typo: 1})
+    assert "__init__" not in str(info.value) and "_open" not in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ALL, ids=repr)
+def test_the_core_keywords_are_accepted(kind: Kind, data: Data) -> None:
+    """Every core keyword at once (the factory's own fixed ones aside), each with its meaning."""
+    from headrace._engine.keywords import CORE
+
+    values = {"order": None, "shuffle": True, "seed": 4, "epoch": 1, "epochs": 2,
+              "drop_last": False, "tail": "partial", "rank": 0, "world_size": 1, "threads": 1,
+              "inflight": 64 << 20, "ram_gb": 8, "queue": 8, "prefetch": 2,
+              "profile": "balanced", "constraints": headrace.Constraints(),
+              "runtime": headrace.RuntimeConfig(), "resume": None, "timeline": 0.01,
+              "transform": None}
+    assert set(values) | {"batch"} == set(CORE)
+    fixed = {"batch"} | ({"rank", "world_size"} if kind.name == "DistributedDataLoader" else set())
+    names = set(MIX_CORE) if kind.name.startswith("mix") else set(CORE) - fixed
+    if kind.endless:  # loaderx's DataLoader: endless unless told, a loaderx transform
+        names -= {"epochs", "transform"}
+    with kind.make(data, **{k: values[k] for k in names}) as loader:
+        got = read(loader, kind.take)
+        s = loader.stats()
+        assert loader.stats_timeline()["samples"]
+    with kind.make(data, seed=4, epoch=1) as plain:
+        one_epoch = read(plain, kind.take)
+    if kind.endless or kind.name.startswith("mix"):
+        assert got == one_epoch
+    else:
+        assert got[:len(one_epoch)] == one_epoch and len(got) == 2 * len(one_epoch)  # epochs=2
+    assert s["delivered_batches_total"] == len(got)
 
 
 # -- ranks under a real launcher ---------------------------------------------------------------

@@ -36,6 +36,7 @@ from typing import Any
 from headrace._base.errors import CheckpointError, ConfigError, LoaderError
 from headrace._engine import checkpoint as _checkpoint
 from headrace._engine.config import Constraints
+from headrace._engine.keywords import checked
 from headrace._engine.shared_budget import SharedBudget, split
 from headrace._engine.timeline import TimelineMixin, timeline_period
 from headrace._multi import mix_state
@@ -494,6 +495,7 @@ def _counters(source: Any) -> dict[str, float]:
     return out
 
 
+@checked("mix()")
 def mix(sources: Sequence[Any], *, weights: Sequence[float] | None = None, seed: int = 0,
         epoch: int = 0, starvation: int = 10000, on_source_exhausted: str = "error",
         resume: Any = None, inflight: int | None = None, ram_gb: float | None = None,
