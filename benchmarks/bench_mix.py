@@ -11,8 +11,12 @@ other processes hits them alike. Peers:
 * ``grain``: ``grain.MapDataset.mix([a, b], weights=[0.7, 0.3])`` (per record), shuffled, batched,
   ``to_iter_dataset`` with 2 threads.
 
-Reports rows/s (median over rounds), the ratio to ``loader``, and the realized share of source A over
-the batches read (7/10 requested).
+And the LLM case, token windows of two pre-tokenized corpora (``--docs`` documents of 50-1,000
+tokens each, ``seq_len`` 2,049, batches of 16 windows): ``text`` (one ``headrace.text`` loader, the
+ceiling) and ``mix-text`` (``headrace.mix`` of two, 7:3, on one shared byte budget).
+
+Reports rows/s (median over rounds), the ratio to ``loader`` (``text`` for ``mix-text``), and the
+realized share of source A over the batches read (7/10 requested).
 
 Run::
 
@@ -102,11 +106,64 @@ def peer_grain(a: dict, b: dict, count: int) -> tuple[float, float]:
     return _run(it, count)
 
 
+TEXT_BATCH = 16
+SEQ = 2049
+
+
+def _ints(text: str) -> list[int]:
+    return [int(t) for t in text.split()]
+
+
+_ints.eos_id = 0  # type: ignore[attr-defined]
+
+
+def _corpus(root: str, docs: int, tag: int) -> str:
+    """A token store of ``docs`` documents; every token of corpus ``tag`` is ``tag + 2 * k``."""
+    import json
+    import os
+
+    rng = np.random.default_rng(tag)
+    src = os.path.join(root, f"c{tag}.jsonl")
+    with open(src, "w") as f:
+        for n in rng.integers(50, 1000, docs):
+            ids = (tag + 2 * rng.integers(1, 30000, n)).tolist()
+            f.write(json.dumps({"text": " ".join(map(str, ids))}) + "\n")
+    out = os.path.join(root, f"c{tag}.hr")
+    headrace.pack_text(src, out, tokenizer=_ints, progress=False)
+    return out
+
+
+def _text(path: str, seed: int) -> headrace.TextLoader:
+    return headrace.text(path, batch=TEXT_BATCH, seq_len=SEQ, shuffle=True, seed=seed,
+                         epochs=None, threads=2)
+
+
+def _run_text(batches: Iterator[dict[str, np.ndarray]], count: int) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    a = rows = 0
+    for _, b in zip(range(count), batches, strict=False):
+        rows += len(b["tokens"])
+        # corpus 1's tokens are odd (its EOS, 0, is not: a row's majority says)
+        a += int(np.count_nonzero((b["tokens"] % 2).mean(axis=1) > 0.5))
+    return rows / (time.perf_counter() - t0), 1 - a / max(rows, 1)
+
+
+def peer_text(a: str, b: str, count: int) -> tuple[float, float]:
+    with _text(a, 1) as ld:
+        return _run_text(ld, count)
+
+
+def peer_mix_text(a: str, b: str, count: int) -> tuple[float, float]:
+    with headrace.mix([_text(a, 1), _text(b, 2)], weights=[7, 3]) as m:
+        return _run_text(m, count)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--batches", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--docs", type=int, default=2000)
     args = parser.parse_args()
     a, b = _arrays(args.rows, 0), _arrays(args.rows, 1)
     peers: dict[str, Callable[[dict, dict, int], tuple[float, float]]] = {
@@ -115,11 +172,21 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, fn in peers.items():
             results[name].append(fn(a, b, args.batches))
-    base = statistics.median(r for r, _ in results["loader"])
-    print(f"{args.batches} batches x {BATCH} rows x {ROW_BYTES} B, weights 7:3, "
-          f"median of {args.rounds} rounds")
-    print(f"{'peer':8} {'rows/s':>12} {'vs loader':>10} {'share A':>8}")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as root:
+        ta, tb = _corpus(root, args.docs, 0), _corpus(root, args.docs, 1)
+        text_peers = {"text": peer_text, "mix-text": peer_mix_text}
+        for name in text_peers:
+            results[name] = []
+        for _ in range(args.rounds):
+            for name, tfn in text_peers.items():
+                results[name].append(tfn(ta, tb, args.batches))
+    print(f"{args.batches} batches per peer (arrays: {BATCH} rows x {ROW_BYTES} B; text: "
+          f"{TEXT_BATCH} windows x {SEQ} tokens), weights 7:3, median of {args.rounds} rounds")
+    print(f"{'peer':8} {'rows/s':>12} {'vs single':>10} {'share A':>8}")
     for name, rs in results.items():
+        base = statistics.median(r for r, _ in results["text" if "text" in name else "loader"])
         rate = statistics.median(r for r, _ in rs)
         share = statistics.median(s for _, s in rs)
         print(f"{name:8} {rate:12,.0f} {rate / base:10.2f} {share:8.3f}")
