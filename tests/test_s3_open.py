@@ -143,3 +143,19 @@ def test_a_pinned_s3_pack_must_match_its_manifest_hash(packs):
     assert len(headrace.load(f"{url}@sha256:{good}", batch=4).source) == 12
     with pytest.raises(LinkError, match="the pack changed since the link was pinned"):
         headrace.load(f"{url}@sha256:{'0' * 64}", batch=4)
+
+
+def test_a_checkpoint_of_the_local_pack_resumes_on_its_s3_copy(packs):
+    url = f"s3://{packs['bucket']}/uploaded/"
+    full = [b["label"].copy() for b in headrace.load(packs["local"], batch=3, shuffle=True,
+                                                      seed=6)]
+    local = headrace.load(packs["local"], batch=3, shuffle=True, seed=6)
+    it = iter(local)
+    head = [next(it)["label"].copy() for _ in range(2)]
+    token = local.checkpoint()
+    local.close()
+    rest = [b["label"].copy() for b in headrace.load(url, batch=3, shuffle=True, seed=6,
+                                                      resume=token)]
+    assert len(head + rest) == len(full)
+    for got, want in zip(head + rest, full, strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -287,3 +287,23 @@ def test_convert_cli_merges_named_containers_and_refuses_a_full_target(tmp_path,
     with pytest.raises(NotAStoreError):
         loaderx.convert_zrecord(tmp_path / "nothing", tmp_path / "y")
     assert not (tmp_path / "y").exists()
+
+
+def test_a_checkpoint_resumes_exactly_and_refuses_other_containers(tmp_path):
+    path = _path(case("ragged_zstd_dict_u8"))
+    full = [b["data"].values.copy() for b in headrace.load(path, batch=32, shuffle=True, seed=9)]
+    loader = headrace.load(path, batch=32, shuffle=True, seed=9)
+    it = iter(loader)
+    head = [next(it)["data"].values.copy() for _ in range(3)]
+    token = loader.checkpoint()
+    loader.close()
+    rest = [b["data"].values.copy() for b in headrace.load(path, batch=32, shuffle=True, seed=9,
+                                                            resume=token)]
+    for got, want in zip(head + rest, full, strict=True):
+        np.testing.assert_array_equal(got, want)
+    other = tmp_path / "other"
+    recs = records(case("ragged_zstd_dict_u8"))
+    recs[0] = recs[0][:-1]  # one record differs: another data version
+    _write(case("ragged_zstd_dict_u8"), other, recs)
+    with pytest.raises(headrace.CheckpointError):
+        headrace.load(str(other), batch=32, shuffle=True, seed=9, resume=token)
