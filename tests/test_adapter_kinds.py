@@ -9,7 +9,8 @@ every array, and continue exactly after a checkpoint or a state dict.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -342,3 +343,44 @@ def test_torch_dataset_over_a_built_loader_follows_the_loaders_epochs(data: Path
     ds.close()
     with pytest.raises(headrace.LoaderError, match="closed"):
         list(ds)
+
+
+class _ReadOnlyMapping(Mapping[str, Any]):
+    """A mapping type that cannot be built from a dict: rebuilt as a dict, as torch does."""
+
+    def __init__(self, *, data: dict[str, Any]) -> None:
+        self._data = data
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def _odd_batch() -> Any:
+    return [OrderedDict(a=np.arange(3), b=(np.ones(2, np.float32), "tag")),
+            _ReadOnlyMapping(data={"c": np.arange(4).reshape(2, 2)}), None]
+
+
+def test_lists_ordered_dicts_and_other_mappings_keep_their_shape() -> None:
+    out = headrace.torch.as_tensors(_odd_batch())
+    assert type(out) is list and type(out[0]) is OrderedDict and type(out[1]) is dict
+    assert out[0]["a"].tolist() == [0, 1, 2] and out[0]["b"][1] == "tag"
+    assert isinstance(out[0]["b"][0], torch.Tensor) and out[1]["c"].shape == (2, 2)
+    assert out[2] is None
+
+    class Loader:
+        def __iter__(self) -> Iterator[Any]:
+            yield _odd_batch()
+
+        def checkpoint(self) -> bytes:
+            return b"t"
+
+    (placed,) = list(headrace.jax.iterator(Loader()))
+    assert type(placed) is list and type(placed[0]) is OrderedDict and type(placed[1]) is dict
+    assert isinstance(placed[0]["a"], jax.Array) and placed[0]["b"][1] == "tag"
+    assert np.asarray(placed[1]["c"]).tolist() == [[0, 1], [2, 3]] and placed[2] is None

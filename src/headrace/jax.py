@@ -83,6 +83,18 @@ class _Slot:
         self.index = index
 
 
+def _fill(tree: Any, placed: list[Any]) -> Any:
+    """``tree`` with each ``_Slot`` replaced by its placed array."""
+    kind = type(tree)
+    if kind is dict or kind is tuple:  # a flat dict or tuple of arrays: most batches
+        items = tree.values() if kind is dict else tree
+        if all(type(v) is _Slot for v in items):
+            if kind is dict:
+                return {k: placed[v.index] for k, v in tree.items()}
+            return tuple([placed[v.index] for v in tree])
+    return map_leaves(tree, lambda v, _: placed[v.index] if type(v) is _Slot else v)
+
+
 def iterator(loader: _CheckpointingLoader, *, sharding: jax.sharding.Sharding | None = None,
              prefetch: int = 2, fields: Sequence[str] | None = None) -> DeviceIterator:
     """Wraps a headrace loader so that it yields its batches as ``jax.Array``s on device.
@@ -265,7 +277,9 @@ class DeviceIterator(Iterator[Any]):
         where: list[LeafPath] = []
 
         def to_host(value: Any, path: LeafPath) -> Any:
-            if isinstance(value, Ragged):
+            if type(value) is np.ndarray and value.dtype.kind in _NUMERIC:  # the common leaf
+                leaves.append(self._host(value))
+            elif isinstance(value, Ragged):
                 self._check_ragged_placeable(path)
                 leaves.append(Ragged(self._host(value.values), self._host(value.offsets)))
             elif isinstance(value, jax.Array):
@@ -293,7 +307,7 @@ class DeviceIterator(Iterator[Any]):
                 "the loader with tail='drop' (or 'pad') and a batch that is a multiple of the "
                 "device count")
             raise
-        return map_leaves(tree, lambda v, _: placed[v.index] if isinstance(v, _Slot) else v)
+        return _fill(tree, placed)
 
     def _host(self, value: Any) -> np.ndarray:
         array = np.asarray(value)

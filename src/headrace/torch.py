@@ -316,6 +316,8 @@ def as_tensors(batch: Any, *, pin_memory: bool = False,
             not a mapping.
     """
     def leaf(value: Any, path: LeafPath) -> Any:
+        if type(value) is np.ndarray and value.dtype.kind not in _NOT_TENSORS:
+            return _tensor(value, pin_memory)  # the common leaf, tested first
         if isinstance(value, Ragged):
             # Ragged is annotated for NumPy; the same NamedTuple carries the two tensors here.
             return Ragged(cast(Any, _tensor(value.values, pin_memory)),

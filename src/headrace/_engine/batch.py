@@ -6,7 +6,7 @@ nestings of these (``mix`` yields whatever its sources yield). An adapter conver
 rebuilds the same structure around them, so nothing here knows about any one loader kind.
 
 The structure rules follow what JAX pytrees and torch's ``default_convert`` keep: a mapping is
-rebuilt as its own type when that type can be built from pairs (else as a ``dict``), a named tuple
+rebuilt as its own type when that type can be built from a dict (else as a ``dict``), a named tuple
 as its own type, a tuple as a tuple, a list as a list. ``Ragged`` is a leaf here, because each
 adapter has its own rule for variable-length values; everything that is not a container is a leaf.
 """
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+import numpy as np
 
 from headrace._base.errors import ConfigError
 from headrace._store.reader import Ragged
@@ -53,16 +55,23 @@ def select(batch: Any, fields: Iterable[str] | None) -> Any:
 
 def map_leaves(batch: Any, leaf: Callable[[Any, LeafPath], Any], path: LeafPath = ()) -> Any:
     """The same structure as ``batch`` with every leaf replaced by ``leaf(value, path)``."""
+    # The common batches first, by exact type: an ABC isinstance costs more than a leaf.
+    kind = type(batch)
+    if kind is np.ndarray:
+        return leaf(batch, path)
+    if kind is dict:
+        return {k: leaf(v, (*path, k)) if type(v) is np.ndarray
+                else map_leaves(v, leaf, (*path, k)) for k, v in batch.items()}
+    if kind is tuple:
+        return tuple([map_leaves(v, leaf, (*path, i)) for i, v in enumerate(batch)])
     if isinstance(batch, Ragged):
         return leaf(batch, path)
     if isinstance(batch, Mapping):
-        pairs = [(k, map_leaves(v, leaf, (*path, k))) for k, v in batch.items()]
-        if type(batch) is dict:
-            return dict(pairs)
+        out = {k: map_leaves(v, leaf, (*path, k)) for k, v in batch.items()}
         try:
-            return type(batch)(pairs)  # type: ignore[call-arg]
-        except TypeError:  # a mapping type that cannot be built from pairs (as torch does)
-            return dict(pairs)
+            return type(batch)(out)  # type: ignore[call-arg]
+        except TypeError:  # a mapping type that cannot be built from a dict (as torch does)
+            return out
     if isinstance(batch, tuple):
         items = [map_leaves(v, leaf, (*path, i)) for i, v in enumerate(batch)]
         if hasattr(batch, "_fields"):  # a named tuple keeps its type and names
