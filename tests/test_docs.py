@@ -75,6 +75,21 @@ def test_relative_links_in_docs_and_readme_resolve():
     assert not broken, broken
 
 
+def test_internals_names_every_module_in_its_stage():
+    # docs/internals.md draws the package layout: a table row per stage lists its modules.
+    text = (DOCS / "internals.md").read_text(encoding="utf-8")
+    rows: dict[str, set[str]] = {}
+    stage = ""
+    for first, modules in re.findall(r"^\|\s*(`_\w+`)?\s*\|([^|]*)\|", text, flags=re.M):
+        stage = first.strip("`") or stage
+        rows.setdefault(stage, set()).update(re.findall(r"`(\w+)`", modules))
+    src = ROOT / "src" / "headrace"
+    missing = [f"{p.parent.name}/{p.stem}" for p in sorted(src.glob("_*/*.py"))
+               if p.stem != "__init__" and p.stem not in rows.get(p.parent.name, set())]
+    assert not missing, (f"add {missing} to the module column of their stage's rows in "
+                         "docs/internals.md (\"Package layout\")")
+
+
 def test_the_user_guides_exist():
     for name in ("quickstart.md", "api.md", "memory.md", "format.md", "checkpoint.md",
                  "migration-mx8.md", "migration-loaderx.md", "troubleshooting.md"):
