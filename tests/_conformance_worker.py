@@ -1,9 +1,10 @@
 """The script tests/test_conformance.py launches with torchrun (gloo, CPU, loopback).
 
-Usage: ``python -m torch.distributed.run --nproc_per_node=2 ... tests/_conformance_worker.py STORE
-OUT``. Each rank builds every launcher-aware loader kind with no rank arguments (the launcher
-says), reads it whole, reads it again stopping after 2 batches for a checkpoint and resumes, and
-writes ``OUT/rank<r>.json``; the test process does the checking.
+Usage: ``python -m torch.distributed.run --nproc_per_node=2 ... tests/_conformance_worker.py DATA
+OUT`` (``DATA``: the root of ``tests/_kinds.Data``). Each rank builds every loader kind of
+``tests/_kinds.KINDS``, plus ``run()``, with no rank arguments (the launcher says), reads it whole,
+reads it again stopping after one batch for a checkpoint and resumes, and writes
+``OUT/rank<r>.json``; the test process does the checking.
 """
 
 from __future__ import annotations
@@ -13,48 +14,66 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
 import headrace
 import headrace.torch
+from _kinds import BATCH, KINDS, Data, launched  # the script's folder is first on sys.path
 
-BATCH = 4
-
-
-def _ids(batch: Any) -> list[int]:
-    return [int(v) for v in batch["x"]]
+ENDLESS_STEPS = 5  # batches read from an endless kind (40 records / (2 ranks x 4))
 
 
-def _kind(make: Callable[..., Any]) -> dict[str, Any]:
+def _where(loader: Any) -> list[Any]:
+    """The records of the batch just delivered: ids, and which source for a mix."""
+    ids = [int(v) for v in loader.last_ids]
+    source = getattr(loader, "last_source", None)
+    return [source, ids]
+
+
+def _read(loader: Any, steps: int | None) -> list[Any]:
+    out: list[Any] = []
+    while steps is None or len(out) < steps:
+        try:
+            batch = next(loader)
+        except StopIteration:
+            break
+        out.append(_where(loader))
+        assert headrace.torch.as_tensors(batch) is not None
+    return out
+
+
+def _kind(make: Callable[..., Any], steps: int | None) -> dict[str, Any]:
     with make(timeline=0.001) as loader:
-        every = [_ids(b) for b in loader]
+        every = _read(loader, steps)
         s = loader.stats()
         loader.stats_timeline()
     with make() as loader:
-        head = [_ids(next(loader)) for _ in range(2)]
+        head = _read(loader, 1)
         token = loader.checkpoint()
-        tensors = bool(headrace.torch.as_tensors(next(loader)))
     with make(resume=token) as loader:
-        rest = [_ids(b) for b in loader]
-    return {"all": every, "head": head, "rest": rest, "tensors": tensors,
-            "delivered": s["delivered_batches_total"], "assigned_rank": s["assigned_rank"]}
+        rest = _read(loader, None if steps is None else steps - 1)
+    return {"all": every, "head": head, "rest": rest, "delivered": s["delivered_batches_total"],
+            "rank": s.get("rank", s.get("assigned_rank")),
+            "world_size": s.get("world_size")}
 
 
 def main() -> None:
-    store, out = sys.argv[1], sys.argv[2]
+    data = Data(Path(sys.argv[1]), create=False)
+    out = sys.argv[2]
     rank = int(os.environ["RANK"])
     report: dict[str, Any] = {"rank": rank, "world_size": int(os.environ["WORLD_SIZE"]),
                               "kinds": {}}
-    makers: dict[str, Callable[..., Any]] = {
-        "DistributedDataLoader": lambda **kw: headrace.DistributedDataLoader(
-            store, batch=BATCH, order="shuffle", seed=3, threads=1, **kw),
-        "run": lambda **kw: headrace.run(store, batch=BATCH, order="shuffle", seed=3, threads=1,
-                                         **kw),
-    }
-    for name, make in makers.items():
-        report["kinds"][name] = _kind(make)
+    makers: dict[str, tuple[Callable[..., Any], int | None]] = {
+        name: (lambda k=kind, **kw: launched(k, data, **kw),
+               ENDLESS_STEPS if kind.endless else None)
+        for name, kind in KINDS.items()}
+    makers["run"] = (lambda **kw: headrace.run(str(data.store), batch=BATCH, order="shuffle",
+                                               seed=3, threads=1, **kw), None)
+    for name, (make, steps) in makers.items():
+        report["kinds"][name] = _kind(make, steps)
     dist.init_process_group("gloo")
     dist.barrier()
     dist.destroy_process_group()

@@ -36,6 +36,7 @@ class Data:
     """Paths of the tiny datasets, each small enough that a whole epoch takes milliseconds."""
 
     root: Path
+    create: bool = True  # False: the files are already there (a torchrun worker's view)
     store: Path = field(init=False)
     npy_x: Path = field(init=False)
     npy_y: Path = field(init=False)
@@ -51,45 +52,45 @@ class Data:
     def __post_init__(self) -> None:
         r = self.root
         self.store = r / "arrays.hr"
+        self.npy_x, self.npy_y = r / "x.npy", r / "y.npy"
+        self.images, self.audio, self.video = r / "images", r / "audio", r / "video"
+        self.tokens, self.tokens_b = r / "tokens.hr", r / "tokens_b.hr"
+        self.empty_store, self.empty_tokens = r / "empty.hr", r / "empty_tokens.hr"
+        self.empty_npy = (r / "empty_x.npy", r / "empty_y.npy")
+        if self.create:
+            self._write()
+
+    def _write(self) -> None:
         headrace.pack_arrays(self.store, x=np.arange(N_RECORDS, dtype=np.int64),
                              y=np.arange(N_RECORDS, dtype=np.float32) * 0.5, progress=False)
-        self.npy_x, self.npy_y = r / "x.npy", r / "y.npy"
         np.save(self.npy_x, np.arange(N_RECORDS * 3, dtype=np.float32).reshape(N_RECORDS, 3))
         np.save(self.npy_y, np.arange(N_RECORDS, dtype=np.int64))
         from _images import imagefolder
 
-        self.images = r / "images"
         imagefolder(self.images, {"cat": 6, "dog": 6}, h=12, w=16)
-        self.tokens = self._token_store("tokens.hr", tag=1)
-        self.tokens_b = self._token_store("tokens_b.hr", tag=2)
+        self._token_store(self.tokens, tag=1)
+        self._token_store(self.tokens_b, tag=2)
         from _media import sine, write_audio, write_video
 
-        self.audio = r / "audio"
         for i in range(8):
             write_audio(str(self.audio / ("lo" if i < 4 else "hi") / f"{i}.wav"),
                         sine(200 + 100 * i, 8000, 400 + 40 * i), 8000)
-        self.video = r / "video"
         for i in range(2):
             write_video(str(self.video / f"v{i}.mp4"), 24, fps=24, size=(16, 16), gop=6)
         # nothing to yield: no records (the media kinds get a folder of another kind's files)
-        self.empty_store = r / "empty.hr"
         headrace.pack_arrays(self.empty_store, x=np.zeros(0, np.int64), progress=False)
-        self.empty_tokens = r / "empty_tokens.hr"
         with headrace.create(str(self.empty_tokens),
                              fields={"tokens": {"dtype": "int32", "shape": None}}) as w:
             w.commit()
-        self.empty_npy = (r / "empty_x.npy", r / "empty_y.npy")
         np.save(self.empty_npy[0], np.zeros((0, 3), np.float32))
         np.save(self.empty_npy[1], np.zeros(0, np.int64))
 
-    def _token_store(self, name: str, *, tag: int) -> Path:
+    def _token_store(self, out: Path, *, tag: int) -> None:
         """12 documents of 3..14 tokens; token values say the store, document and position."""
-        src = self.root / f"{name}.jsonl"
+        src = self.root / f"{out.name}.jsonl"
         docs = [" ".join(str(tag * 10_000 + 100 * d + j) for j in range(3 + d)) for d in range(12)]
         src.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
-        out = self.root / name
         headrace.pack_text(str(src), str(out), tokenizer=ints)
-        return out
 
 
 Make = Callable[..., Any]
@@ -182,10 +183,18 @@ def _dataloader(d: Data, **kw: Any) -> Any:
 
 
 def _distributed(d: Data, **kw: Any) -> Any:
-    """Rank 1 of 2, named explicitly (the torchrun case launches real ranks)."""
-    kw = {"order": "shuffle", "seed": 3, "threads": 2, **kw}
-    return headrace.DistributedDataLoader(str(d.store), batch=BATCH, rank=1, world_size=2,
-                                          check=False, **kw)
+    """Rank 1 of 2, named explicitly (the torchrun case launches real ranks: ``launched``)."""
+    kw = {"order": "shuffle", "seed": 3, "threads": 2, "rank": 1, "world_size": 2, "check": False,
+          **kw}
+    return headrace.DistributedDataLoader(str(d.store), batch=BATCH, **kw)
+
+
+def launched(kind: Kind, d: Data, **kw: Any) -> Any:
+    """``kind`` as a training script under a launcher builds it: rank and world size unsaid."""
+    if kind.name == "DistributedDataLoader":
+        return headrace.DistributedDataLoader(str(d.store), batch=BATCH, order="shuffle", seed=3,
+                                              threads=2, **kw)
+    return kind.make(d, **kw)
 
 
 def _empty_mix(d: Data, *, epochs: int | None) -> Any:
