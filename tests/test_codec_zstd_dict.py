@@ -135,3 +135,19 @@ def test_format_versions(tmp_path):
     (path / "meta.json").write_bytes(meta_bytes(doc))
     with pytest.raises(FormatVersionError, match="version 4"):
         headrace.open(path)
+
+
+def test_pack_of_a_folder_of_small_files_takes_the_codec(tmp_path):
+    src = tmp_path / "rows"
+    src.mkdir()
+    rows = _rows(300)
+    for i, r in enumerate(rows):
+        (src / f"{i:04d}.json").write_bytes(r)
+    out = tmp_path / "store"
+    headrace.pack(str(src), out=str(out), codec="zstd_dict", workers=2, progress=False,
+                  store=str(tmp_path / "ms"))
+    st = headrace.open(out)
+    assert st.fields["bytes"].codec == "zstd_dict"
+    got = st.gather(np.arange(len(st)))
+    assert sorted(bytes(r) for r in got["bytes"].to_list()) == sorted(rows)
+    assert headrace.verify(out).ok

@@ -159,3 +159,17 @@ def test_a_checkpoint_of_the_local_pack_resumes_on_its_s3_copy(packs):
     assert len(head + rest) == len(full)
     for got, want in zip(head + rest, full, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_pack_to_s3_with_zstd_dict_ships_the_dictionary(server, env, tmp_path):
+    src = tmp_path / "rows"
+    src.mkdir()
+    for i, r in enumerate(ROWS[:200]):
+        (src / f"{i:04d}.json").write_bytes(r)
+    bucket = new_bucket(server, "zd")
+    headrace.pack(str(src), out=f"s3://{bucket}/zd/", codec="zstd_dict", progress=False,
+                  store=str(tmp_path / "ms"))
+    with headrace.open(f"s3://{bucket}/zd/", cache_dir=False) as st:
+        assert st.fields["bytes"].codec == "zstd_dict"
+        got = st.gather(np.arange(len(st)))["bytes"].to_list()
+    assert sorted(bytes(r) for r in got) == sorted(ROWS[:200])
