@@ -148,13 +148,6 @@ def test_the_kinds_yield_their_own_structures(reference: dict[str, list[Any]]) -
     assert isinstance(first["nested"].tokens, headrace.Ragged)
 
 
-def needs_in_place_restore(build: Callable[..., Any]) -> None:
-    with build() as loader:
-        if not callable(getattr(loader, "load_state_dict", None)):
-            pytest.skip(f"{type(loader).__name__} has no load_state_dict() yet (the loaders' "
-                        "in-place restore lands with the engine's state work)")
-
-
 # -- JAX ------------------------------------------------------------------------------------------
 
 
@@ -190,7 +183,6 @@ def test_jax_load_state_dict_restores_in_place(kind: str, data: Path,
                                                reference: dict[str, list[Any]]) -> None:
     want = reference[kind]
     build = make(kind, data)
-    needs_in_place_restore(build)
     with build() as loader:
         batches = headrace.jax.iterator(loader, prefetch=2)
         head = [next(batches) for _ in range(2)]
@@ -289,7 +281,6 @@ def test_torch_dataset_over_a_built_loader_restores_in_place(
         kind: str, data: Path, reference: dict[str, list[Any]]) -> None:
     want = reference[kind]
     build = make(kind, data)
-    needs_in_place_restore(build)
     ds = headrace.torch.IterableDataset(build())
     it = iter(DataLoader(ds, batch_size=None, num_workers=0))
     head = [next(it) for _ in range(2)]
