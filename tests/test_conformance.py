@@ -266,6 +266,44 @@ def test_torch_adapters_accept_the_batches_and_resume(kind: Kind, data: Data) ->
     assert head + rest == ref
 
 
+@pytest.mark.parametrize("kind", ALL, ids=repr)
+def test_adapter_state_over_a_built_loader_continues_exactly(kind: Kind, data: Data) -> None:
+    """``headrace.torch.IterableDataset(loader)`` and ``headrace.jax.iterator(loader)``: their
+    ``state_dict()`` after two batches, loaded into the adapter of a fresh loader, continues with
+    exactly the batches the loader itself gives."""
+    import headrace.jax
+    import headrace.torch
+
+    def lists(batch: Any) -> list[Any]:
+        return [np.asarray(v).tolist() for v in leaves(batch)]
+
+    with kind.make(data) as loader:
+        ref = [lists(b) for _, b in zip(range(4), loader, strict=False)]
+    assert len(ref) >= 3, kind
+    with kind.make(data) as loader:
+        ds = headrace.torch.IterableDataset(loader)
+        it = iter(ds)
+        head = [lists(next(it)) for _ in range(2)]
+        state = ds.state_dict()
+    with kind.make(data) as fresh:
+        again = headrace.torch.IterableDataset(fresh)
+        again.load_state_dict(state)
+        rest = [lists(b) for _, b in zip(range(len(ref) - 2), again, strict=False)]
+    assert head + rest == ref, f"{kind}: the torch dataset's state does not continue exactly"
+    with kind.make(data) as loader:
+        jit = headrace.jax.iterator(loader)
+        for _ in range(2):
+            next(jit)
+        jstate = jit.state_dict()
+    with kind.make(data) as fresh:
+        jagain = headrace.jax.iterator(fresh)
+        jagain.load_state_dict(jstate)
+        got = [[np.asarray(v) for v in leaves(next(jagain))] for _ in range(len(ref) - 2)]
+    for g, w in zip(got, ref[2:], strict=True):
+        assert [x.tolist() for x in g] == [np.asarray(y).astype(x.dtype).tolist()
+                                           for x, y in zip(g, w, strict=True)], str(kind)
+
+
 # -- timeline, stats, print_stats, close -------------------------------------------------------
 
 
