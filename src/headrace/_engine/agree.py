@@ -32,6 +32,8 @@ from headrace._engine.launcher import Launch
 __all__ = ["agree", "engine_name"]
 
 _TIMEOUT_S = 300.0
+_JAX_SLOTS = 32  # digests each rank sends through jax.distributed (see _gather_jax)
+_DIFFERS = "__differs__"  # a rank whose values are known only by digest: the keys that differ
 _calls = itertools.count()  # names each agreement round in the torchrun store
 
 
@@ -84,13 +86,20 @@ def _gather_jax(launch: Launch, payload: dict[str, Any]) -> list[dict[str, Any]]
     import numpy as np
     from jax.experimental import multihost_utils
 
-    # Collectives move arrays, not objects: exchange a digest of the canonical JSON plus rank 0's
-    # full payload (for messages and for values rank 0 chooses, like a seed left to it).
+    # Collectives move arrays, not objects: exchange a digest per compared key (so a difference
+    # names its key) plus rank 0's full payload (for messages and for values rank 0 chooses,
+    # like a seed left to it). Every rank sends the same shape: _JAX_SLOTS digests, the first of
+    # the key names themselves, the last one covering any keys past the others.
     compared = {k: v for k, v in payload.items() if not k.endswith("_proposal")}
-    digest = np.frombuffer(hashlib.sha256(json.dumps(compared, sort_keys=True).encode()).digest(),
-                           dtype=np.uint8)
+    keys = sorted(compared)
+    named = keys[:_JAX_SLOTS - 2]
+    digest = np.zeros((_JAX_SLOTS, 8), np.uint8)
+    digest[0] = _digest8(keys)
+    for i, k in enumerate(named):
+        digest[1 + i] = _digest8([k, compared[k]])
+    digest[-1] = _digest8([[k, compared[k]] for k in keys[len(named):]])
     text = json.dumps(payload, sort_keys=True).encode()
-    digests = np.asarray(multihost_utils.process_allgather(digest))
+    digests = np.asarray(multihost_utils.process_allgather(digest)).reshape(-1, _JAX_SLOTS, 8)
     size = np.asarray(multihost_utils.broadcast_one_to_all(np.int64(len(text))))
     buf = np.zeros(int(size), dtype=np.uint8)
     if launch.rank == 0:
@@ -100,9 +109,22 @@ def _gather_jax(launch: Launch, payload: dict[str, Any]) -> list[dict[str, Any]]
     for r in range(digests.shape[0]):
         if bytes(digests[r]) == bytes(digests[0]):
             out.append(first)
-        else:  # only its digest is known: enough to say it differs
-            out.append({"digest": bytes(digests[r]).hex()})
+        elif bytes(digests[r][0]) != bytes(digests[0][0]):  # other keys: only "it differs"
+            out.append({_DIFFERS: ["the set of values compared"]})
+        else:  # only digests are known: enough to name the keys that differ
+            bad = [k for i, k in enumerate(named) if bytes(digests[r][1 + i])
+                   != bytes(digests[0][1 + i])]
+            if bytes(digests[r][-1]) != bytes(digests[0][-1]):
+                bad.append(", ".join(keys[len(named):]))
+            out.append({_DIFFERS: bad})
     return out
+
+
+def _digest8(value: Any) -> Any:
+    import numpy as np
+
+    raw = hashlib.sha256(json.dumps(value, sort_keys=True).encode()).digest()[:8]
+    return np.frombuffer(raw, np.uint8)
 
 
 def _gather_store(launch: Launch, payload: dict[str, Any],
@@ -166,8 +188,10 @@ def agree(launch: Launch, payload: dict[str, Any], *, what: str = "the dataset",
     reference = everyone[0]
     problems = []
     for r, theirs in enumerate(everyone):
-        if "digest" in theirs and len(theirs) == 1:
-            problems.append(f"rank {r} differs from rank 0 (digest {theirs['digest'][:16]})")
+        if _DIFFERS in theirs:
+            problems += [f"rank {r} has another {key} than rank 0's {reference[key]!r}"
+                         if key in reference else f"rank {r} differs from rank 0 in {key}"
+                         for key in theirs[_DIFFERS]]
             continue
         for key in sorted(set(reference) | set(theirs)):
             if key.endswith("_proposal"):
