@@ -475,3 +475,21 @@ def test_stats_are_measured():
     with mix([_loader(0), _loader(1)]) as m:
         s = m.stats()
     assert "mix_resume_source_checkpoint_mismatch_total" not in s
+
+
+def test_mixes_of_mixes_checkpoint_and_resume():
+    def make(resume=None):
+        inner = [mix([_loader(0, n=20), _loader(1, n=20)], on_source_exhausted="drop")
+                 for _ in range(2)]
+        middle = [mix(inner, on_source_exhausted="drop"),
+                  mix([mix([_loader(2, n=20), _loader(3, n=20)], on_source_exhausted="drop")],
+                      on_source_exhausted="drop")]
+        return mix(middle, on_source_exhausted="drop", resume=resume)
+
+    with make() as m:
+        head = _drain(m, 7)
+        token = m.checkpoint()
+        rest = _drain(m)
+    assert len(head) + len(rest) == 24  # 6 sources x 4 batches
+    with make(resume=token) as again:
+        assert _drain(again) == rest

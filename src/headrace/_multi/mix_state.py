@@ -20,8 +20,9 @@ from headrace._engine import checkpoint as _checkpoint
 __all__ = ["KIND", "MixState", "decode", "encode"]
 
 KIND = "mix"
-# One loader's token is at most MAX_TOKEN_BYTES; a mix holds one per source plus its own keys.
-_PER_SOURCE_BYTES = _checkpoint.MAX_TOKEN_BYTES + 64
+# One loader's token is at most MAX_TOKEN_BYTES; a mix holds one state per source (a source that
+# is itself a mix nests its own), plus its own keys. The bound only refuses garbage early.
+_PER_SOURCE_BYTES = 64 * _checkpoint.MAX_TOKEN_BYTES
 _COUNTERS = ("delivered_batches", "delivered_samples", "delivered_bytes", "starvation_total",
              "exhausted_total", "restarts", "steps_since_emit")
 
