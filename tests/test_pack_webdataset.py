@@ -202,3 +202,29 @@ def test_shards_on_s3_with_a_brace_pattern(shards, tmp_path):
         headrace.pack_webdataset(f"s3://{bucket}/wds/", tmp_path / "prefix", workers=2)
     assert _records(tmp_path / "s3") == samples
     assert content_hash(tmp_path / "prefix") == content_hash(tmp_path / "s3")
+
+
+def test_audio_shards_decode_through_audio_and_each_kind_finds_its_field(tmp_path):
+    sf = pytest.importorskip("soundfile")
+    from headrace._sources.media import open_media
+
+    rng = np.random.default_rng(5)
+    waves = [rng.uniform(-0.5, 0.5, 400).astype(np.float32) for _ in range(3)]
+    members = []
+    for i, w in enumerate(waves):
+        buf = io.BytesIO()
+        sf.write(buf, w, 8000, format="WAV", subtype="FLOAT")
+        members += [(f"u{i}.wav", buf.getvalue()), (f"u{i}.cls", b"%d" % (2 - i)),
+                    (f"u{i}.mp4", b"not decoded here")]
+    _write_tar(tmp_path / "a.tar", members)
+    headrace.pack_webdataset(tmp_path / "a.tar", tmp_path / "s")
+    with headrace.audio(tmp_path / "s", batch=3, samples=400, as_dict=True) as loader:
+        (batch,) = list(loader)
+    np.testing.assert_array_equal(np.asarray(batch["samples"])[:, 0], np.stack(waves))
+    assert np.asarray(batch["labels"]).tolist() == [2, 1, 0]
+    for kind, field in (("audio", "wav"), ("video", "mp4")):
+        media = open_media(str(tmp_path / "s"), kind=kind)
+        try:
+            assert media.field == field
+        finally:
+            media.close()

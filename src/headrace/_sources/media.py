@@ -190,14 +190,16 @@ class StoreMedia(MediaFiles):
     """A headrace store with a ragged bytes field (``media``, ``audio``, ``video`` or ``bytes``),
     optional ``label`` (int64) and ``path`` fields: what :func:`pack_media` writes."""
 
-    def __init__(self, store: Any, *, owned: bool = False) -> None:
+    def __init__(self, store: Any, *, owned: bool = False, kind: str | None = None) -> None:
         from headrace._store.fingerprint import store_fingerprint
 
         self.store = store
         self._owned = owned
         attrs = store.attrs
-        # pack_arrow names fields after their columns and records which one holds the media.
-        named = attrs.get("audio_field") or attrs.get("video_field")
+        # pack_arrow / pack_webdataset name fields after their columns or extensions and record
+        # which one holds each kind of media.
+        named = (attrs.get(f"{kind}_field") if kind else None) or attrs.get(
+            "audio_field") or attrs.get("video_field")
         name = named if named in store.fields else next(
             (f for f in MEDIA_FIELDS if f in store.fields), None)
         if name is None or store.fields[name].shape is not None:
@@ -261,7 +263,7 @@ def open_media(data: Any, *, kind: str, labels: bool | None = None,
     if isinstance(data, MediaFiles):
         return data
     if type(data).__name__ == "Store" and type(data).__module__ == "headrace._store.reader":
-        return StoreMedia(data)
+        return StoreMedia(data, kind=kind)
     if isinstance(data, str | os.PathLike):
         p = os.fspath(data)
         if p.endswith("@refresh"):  # a local store is always read at its latest commit
@@ -269,7 +271,7 @@ def open_media(data: Any, *, kind: str, labels: bool | None = None,
         if os.path.isfile(os.path.join(p, "meta.json")):
             from headrace._store.reader import open as open_store
 
-            return StoreMedia(open_store(p), owned=True)
+            return StoreMedia(open_store(p), owned=True, kind=kind)
         if os.path.isdir(p):
             return FolderMedia(p, kind=kind, labels=labels, recursive=recursive)
         raise FileNotFoundError(f"no such dataset {p!r}: expected a headrace store or a folder "
