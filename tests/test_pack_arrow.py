@@ -352,7 +352,7 @@ def test_dask_cluster_packs_the_same_store_hash_as_one_process(parquet_dir, tmp_
     headrace.pack_arrow(parquet_dir, tmp_path / "one", workers=1)
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}), LocalCluster(
             processes=True, n_workers=2, threads_per_worker=1, host="127.0.0.1",
-            dashboard_address=None) as cluster, Client(cluster) as client:
+            dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
         info = headrace.pack_arrow(parquet_dir, tmp_path / "dask", workers=5,
                                    executor=client.get_executor())
     assert info["samples"] == 400 + 450 + 500

@@ -177,7 +177,7 @@ def test_local_pool_and_dask_pack_shards_like_one_process(shards, tmp_path):
     assert content_hash(tmp_path / "pool") == want
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}), LocalCluster(
             processes=True, n_workers=2, threads_per_worker=1, host="127.0.0.1",
-            dashboard_address=None) as cluster, Client(cluster) as client:
+            dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
         headrace.pack_webdataset(root, tmp_path / "dask", workers=3,
                                  executor=client.get_executor())
     assert content_hash(tmp_path / "dask") == want

@@ -210,7 +210,7 @@ def dask_executor() -> Any:
 
     # A task whose worker dies fails at once (instead of after 3 retries on restarted workers).
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}), LocalCluster(processes=True, n_workers=2, threads_per_worker=1, host="127.0.0.1",
-                      dashboard_address=None) as cluster, Client(cluster) as client:
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
         yield client.get_executor()
 
 
