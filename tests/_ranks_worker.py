@@ -74,7 +74,7 @@ def main() -> None:
     with headrace.audio(data["audio"], batch=2, samples=64) as ld:
         report["audio"] = {"ids": _ids(ld)}
     with headrace.video(data["video"], clip=4, stride=4, fps=24, batch=2,
-                        index_dir=data["video_index"] + f"/{rank}") as ld:
+                        index_dir=data["video_index"]) as ld:  # one cache, both ranks write it
         report["video_clips"] = ld.clip_count
         report["video"] = {"ids": _ids(ld)}
     x = np.arange(data["n"], dtype=np.int64)
