@@ -101,9 +101,9 @@ def dir_bytes(path: Path) -> int:
 
 
 def bench_codec(store_path: Path, mm: np.ndarray, *, batch: int, batches: int,
-                seed: int, threads: int) -> dict[str, float]:
+                seed: int, threads: int, verify: str = "first") -> dict[str, float]:
     n = mm.shape[0]
-    with headrace.open(store_path, verify="first") as st:
+    with headrace.open(store_path, verify=verify) as st:
         perm = np.random.default_rng(seed).permutation(n)
         t0 = time.perf_counter()
         for start in range(0, n, batch):
@@ -168,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="page-cache settles, each followed by a share of the batches")
     p.add_argument("--codecs", default="raw,zstd,lz4,deflate")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verify", choices=("first", "always", "never"), default="first",
+                   help="the stores' verify= mode (\"always\": every read checks crc32c)")
     p.add_argument("--threads", type=int, default=2,
                    help="threads gathering at once for the threaded column (1: skip it)")
     args = p.parse_args(argv)
@@ -192,12 +194,12 @@ def main(argv: list[str] | None = None) -> int:
         for codec in codecs:
             runs[codec].append(bench_codec(stores[codec], mm, batch=args.batch, batches=per_cycle,
                                            seed=args.seed + len(runs[codec]),
-                                           threads=args.threads))
+                                           threads=args.threads, verify=args.verify))
         del mm
 
     print(f"random gather, {args.batch} x {args.row_bytes} B rows from {args.rows:,} (page cache "
           f"warm: --warm {args.warm}; {args.cycles} cycles of {per_cycle} batches, medians over "
-          "cycles)\n")
+          f"cycles; verify={args.verify!r})\n")
     header = ("| reader | on disk | size vs .npy | first pass rows/s (verifies) | "
               "steady rows/s | steady MB/s | vs numpy sorted (cycles) | vs numpy unsorted | "
               f"{args.threads} threads rows/s |")

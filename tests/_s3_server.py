@@ -15,6 +15,8 @@ the child exits when its stdin closes).
   than it carries, then the connection ends: a body-length mismatch;
 * ``stall``: holds the request for ``stall_s`` (longer than the client timeout), then closes;
 * ``truncate``: forwards the request but cuts the response after a few bytes.
+* ``flip``: forwards the request and the whole response, with one bit of its body flipped (the
+  checksum failure of bytes damaged in transit: the response itself looks fine).
 
 The client under test must retry through all of these and still return the right bytes.
 """
@@ -117,7 +119,7 @@ class MotoS3Server:
 class FaultProxy:
     """A TCP proxy on 127.0.0.1 that injects faults into a seeded fraction of HTTP requests."""
 
-    FAULTS = ("reset", "503", "429", "408", "stall", "truncate", "length")
+    FAULTS = ("reset", "503", "429", "408", "stall", "truncate", "length")  # "flip": when asked
     _ANSWERS = {"503": (b"503 Slow Down", b"SlowDown", b"Please reduce your request rate."),
                 "429": (b"429 Too Many Requests", b"TooManyRequests", b"Rate exceeded."),
                 "408": (b"408 Request Timeout", b"RequestTimeout",
@@ -185,6 +187,7 @@ class FaultProxy:
         new_request = True
         cut_after: int | None = None
         overstate: bytes | None = None  # the "length" fault: the response seen so far
+        flip: bytes | None = None  # the "flip" fault: the response so far, until its body starts
         socks = [client, upstream]
         try:
             while not self._stop.is_set():
@@ -218,6 +221,8 @@ class FaultProxy:
                                 cut_after = self._rng.randrange(50, 4000)
                             if fault == "length" and data.startswith(b"GET "):
                                 overstate = b""  # (a HEAD answer has no body to come short)
+                            if fault == "flip":
+                                flip = b""
                         upstream.sendall(data)
                     else:
                         new_request = True
@@ -246,6 +251,15 @@ class FaultProxy:
                             client.shutdown(socket.SHUT_WR)  # a clean end, 100 bytes early
                             time.sleep(0.05)
                             return
+                        if flip is not None:
+                            flip += data
+                            head, sep, body = flip.partition(b"\r\n\r\n")
+                            if not sep or not body:
+                                continue  # no body byte yet
+                            k = self._rng.randrange(len(body))
+                            body = body[:k] + bytes([body[k] ^ (1 << self._rng.randrange(8))]) \
+                                + body[k + 1:]
+                            data, flip = head + sep + body, None
                         if cut_after is not None:
                             client.sendall(data[:cut_after])
                             self._reset(client)

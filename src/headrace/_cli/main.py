@@ -198,7 +198,10 @@ def _compact_run(args: argparse.Namespace) -> int:
 
     with open_store(args.path, mode="a") as writer:
         before, after = writer.compact(progress=args.progress)
-    print(f"compacted {args.path}: utilization {before:.1%} -> {after:.1%}")
+    if before == after == 1.0:
+        print(f"{args.path}: utilization 100.0%, nothing to reclaim; the store is unchanged")
+    else:
+        print(f"compacted {args.path}: utilization {before:.1%} -> {after:.1%}")
     return EXIT_OK
 
 

@@ -22,6 +22,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import warnings
 from typing import Any
 
 import numpy as np
@@ -157,6 +158,14 @@ def pack(src: str | os.PathLike[str], *, out: str | os.PathLike[str], progress: 
         attrs.update(labels="_labels.tsv", classes=source.classes)
     total = int(snap.manifest.sizes.sum())
     out_text = os.fspath(out)
+    remote = "source" if snap.link.is_s3 else "out" if out_text.startswith("s3://") else None
+    asked = [k for k, v in (("workers", workers not in (None, 1)),
+                            ("executor", executor is not None)) if v]
+    if remote is not None and asked:
+        warnings.warn(
+            f"pack(): {' and '.join(f'{k}=' for k in asked)} ignored: with an s3:// {remote} "
+            "the pack runs in this process, its reads and uploads already concurrent (raise "
+            "max_inflight= for more requests in flight)", UserWarning, stacklevel=2)
     kw = dict(chunk_mb=chunk_mb, codec=codec, batch_bytes=max(1, int(batch_mb * 2**20)),
               attrs=attrs)
     try:

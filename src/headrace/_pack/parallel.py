@@ -34,6 +34,7 @@ import json
 import mmap
 import multiprocessing
 import os
+import re
 import shutil
 import struct
 import sys
@@ -243,8 +244,46 @@ def _died(e: BaseException) -> bool:
         "KilledWorker", "WorkerLostError", "RayActorError", "WorkerCrashedError")
 
 
-def _task_error(task: PartTask, e: BaseException, out: str) -> PackWorkerError:
-    if _died(e):
+_GUARD = re.compile(r"""__name__\s*==\s*['"]__main__['"]|['"]__main__['"]\s*==\s*__name__""")
+
+
+def unguarded_main() -> str | None:
+    """The running script's path when it has no ``if __name__ == "__main__":`` guard, else None.
+
+    Workers started with forkserver or spawn run the script again; without the guard each of them
+    starts the pack again, and multiprocessing kills it while it starts (its pool breaks).
+    """
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not isinstance(path, str) or not os.path.isfile(path):
+        return None  # interactive, `python -c`, a notebook: nothing is re-run
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read(1 << 22)
+    except OSError:
+        return None
+    return None if _GUARD.search(text) else path
+
+
+def _guard_hint(method: str | None) -> str | None:
+    if method not in ("forkserver", "spawn"):
+        return None
+    script = unguarded_main()
+    if script is None:
+        return None
+    loaded = [m for m in _FORK_HOSTILE_MODULES if m in sys.modules]
+    why = (f"{', '.join(loaded)} is imported" if loaded else "other threads are running")
+    return (f"its worker died while starting. Workers start with {method!r} here (fork is "
+            f"unsafe once {why}), which runs your script {script} again in each worker, and it "
+            "has no `if __name__ == \"__main__\":` guard, so every worker began the pack anew. "
+            "Put the code that packs under that guard (or pass workers=1)")
+
+
+def _task_error(task: PartTask, e: BaseException, out: str,
+                method: str | None = None) -> PackWorkerError:
+    hint = _guard_hint(method) if _died(e) else None
+    if hint is not None:
+        why = hint
+    elif _died(e):
         why = (f"its worker died ({type(e).__name__}: {e}): killed by a signal, out of memory, "
                "or the machine went away")
     else:
@@ -269,14 +308,16 @@ def _fork_safe() -> bool:
         t is main or type(t).__name__ == "TMonitor" for t in threading.enumerate())
 
 
-def _own_pool(workers: int) -> cf.ProcessPoolExecutor:
+def _start_method() -> str:
     # fork is fastest and needs no `if __name__ == "__main__"` guard in the caller's script, but
     # forking a process that runs threads (a loader, a Dask client) can deadlock a child on a lock
     # some thread held: then forkserver (the script needs the guard, as with any spawn start).
     if sys.platform.startswith("linux"):
-        method = "fork" if _fork_safe() else "forkserver"
-    else:
-        method = "spawn"
+        return "fork" if _fork_safe() else "forkserver"
+    return "spawn"
+
+
+def _own_pool(workers: int, method: str) -> cf.ProcessPoolExecutor:
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":  # the server imports these once; each worker forks from it
         ctx.set_forkserver_preload(["numpy", "headrace._pack.parallel", "headrace._store.writer",
@@ -321,8 +362,10 @@ def run_parts(out: str, *, ranges: Sequence[tuple[int, int]],
     tasks = [PartTask(t, count, a, b, "", parts_dir, specs, chunk_mb, _Deferred(), units)
              for t, (a, b) in enumerate(ranges)]
     own = None
+    method = None
     if executor is None:
-        own = _own_pool(max(1, min(count, workers or os.cpu_count() or 1)))
+        method = _start_method()
+        own = _own_pool(max(1, min(count, workers or os.cpu_count() or 1)), method)
         window = 2 * max(1, min(count, workers or os.cpu_count() or 1))
     else:
         window = count
@@ -354,7 +397,7 @@ def run_parts(out: str, *, ranges: Sequence[tuple[int, int]],
                     if fut in finished:
                         exc = fut.exception()
                         if exc is not None:
-                            raise _task_error(tasks[t], exc, out) from exc
+                            raise _task_error(tasks[t], exc, out, method) from exc
                         done[t] = fut.result()
                         del pending[t]
                 while len(results) in done:

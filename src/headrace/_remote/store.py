@@ -107,6 +107,7 @@ class RemoteStore:
         self._lock = threading.Lock()
         self.requests = 0
         self.bytes_fetched = 0
+        self.refetches = 0  # rounds of ranges fetched again after a checksum mismatch
         meta = self._load_meta()
         if pinned is not None:
             if pinned["generation"] != meta.generation:
@@ -142,13 +143,22 @@ class RemoteStore:
         return f"{self._prefix}{name}"
 
     def _load_meta(self) -> Meta:
-        try:
-            raw, _ = self._os.get(self._key(META_NAME))
-        except ObjectNotFoundError:
-            from headrace._base.errors import NotAStoreError
+        attempts = self._os.options.max_attempts
+        for attempt in range(1, attempts + 1):
+            try:
+                raw, _ = self._os.get(self._key(META_NAME))
+            except ObjectNotFoundError:
+                from headrace._base.errors import NotAStoreError
 
-            raise NotAStoreError(f"{self.url} is not a headrace store: it has no meta.json") from None
-        return parse_meta_bytes(bytes(raw), path=self.url)
+                raise NotAStoreError(
+                    f"{self.url} is not a headrace store: it has no meta.json") from None
+            try:
+                return parse_meta_bytes(bytes(raw), path=self.url)
+            except CorruptionError:
+                # its checksum failed: flipped in transit, most likely; fetch it again
+                if attempt == attempts:
+                    raise
+        raise AssertionError("unreachable")
 
     def _load_field(self, fe: FieldEntry) -> _Field:
         spec, index_name, aux_name = fe.spec, fe.index, fe.aux
@@ -391,19 +401,26 @@ class RemoteStore:
             return
         got = np.fromiter((google_crc32c.value(bytes(stored(j))) for j in todo.tolist()),
                           np.uint32, len(todo))
-        bad = todo[got != crc[todo]]
-        if len(bad):
-            # A cached range may be damaged on local disk: refetch those ranges from S3 once.
-            for r in np.unique(rid[bad]).tolist():
+        still = todo[got != crc[todo]]
+        # A mismatch is most often transient: bytes flipped in transit, or a cached range damaged
+        # on local disk. Refetch those ranges from S3 (past the cache) within the retry budget;
+        # bytes that stay wrong are damaged in the store itself.
+        for _ in range(max(1, self._os.options.max_attempts - 1)):
+            if not len(still):
+                break
+            with self._lock:
+                self.refetches += 1
+            for r in np.unique(rid[still]).tolist():
                 bufs[r] = self._fetch(*ranges[r], use_cache=False)
-            again = np.fromiter((google_crc32c.value(bytes(stored(j))) for j in bad.tolist()),
-                                np.uint32, len(bad))
-            still = bad[again != crc[bad]]
-            if len(still):
-                raise CorruptionError(
-                    f"{self.url}: field {f.spec.name!r}: stored bytes do not match their crc32c "
-                    f"(records {idx[still][:8].tolist()})", field=f.spec.name,
-                    record_ids=idx[still].tolist())
+            again = np.fromiter((google_crc32c.value(bytes(stored(j))) for j in still.tolist()),
+                                np.uint32, len(still))
+            still = still[again != crc[still]]
+        if len(still):
+            raise CorruptionError(
+                f"{self.url}: field {f.spec.name!r}: stored bytes do not match their crc32c "
+                f"(records {idx[still][:8].tolist()}), also when fetched again; the store on S3 "
+                "is damaged: re-pack or restore it", field=f.spec.name,
+                record_ids=idx[still].tolist())
         if self.verify == "first":
             ids = idx[todo]
             np.bitwise_or.at(bm, ids >> 3, np.left_shift(1, ids & 7).astype(np.uint8))

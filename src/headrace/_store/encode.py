@@ -32,7 +32,13 @@ class FieldCodec(Protocol):
 def _fixed_array(fw: FieldCodec, batch: Any, n: int | None) -> np.ndarray:
     spec = fw.spec
     shape = spec.shape or ()
-    arr = np.asarray(batch)
+    try:
+        arr = np.asarray(batch)
+    except ValueError as e:  # nested lists of different lengths: NumPy's inhomogeneous shape
+        raise SchemaError(
+            f"field {spec.name!r}: the batch's records have different shapes ({e}); every "
+            f"record of this field has shape {shape}: pass an array of shape (n, "
+            f"{', '.join(map(str, shape))})".replace(", )", ")")) from None
     if not isinstance(batch, np.ndarray):
         arr = _value_cast(spec, arr)  # Python numbers: any cast that keeps every value
     if arr.dtype.hasobject or arr.ndim != len(shape) + 1 or tuple(arr.shape[1:]) != shape \
@@ -83,7 +89,8 @@ def encode_batch(fw: FieldCodec, batch: Any, n: int | None
     if fw.rec >= 0:
         arr = _fixed_array(fw, batch, n)
         k = arr.shape[0]
-        raw = arr.reshape(k, -1).view(np.uint8) if fw.rec else np.empty((k, 0), np.uint8)
+        raw = (arr.reshape(k, -1).view(np.uint8) if fw.rec and k
+               else np.empty((k, fw.rec), np.uint8))
         _check_size(spec, fw.rec)
         nbytes = np.full(k, fw.rec, np.int64)
         if spec.codec == "raw":
@@ -101,7 +108,13 @@ def encode_batch(fw: FieldCodec, batch: Any, n: int | None
             raise SchemaError(
                 f"field {spec.name!r} is ragged: pass a list of records (bytes or 1-D arrays), "
                 f"got a single {type(batch).__name__}")
-        records = [_ragged_record(fw, r) for r in batch]
+        try:
+            records = [_ragged_record(fw, r) for r in batch]
+        except ValueError as e:
+            if isinstance(e, SchemaError):
+                raise
+            raise SchemaError(f"field {spec.name!r} is ragged: every record must be bytes or a "
+                              f"1-D array of {spec.dtype} ({e})") from None
         k = len(records)
         if n is not None and k != n:
             raise SchemaError(f"field {spec.name!r}: got {k} records, other fields have {n}")

@@ -415,6 +415,8 @@ class Writer:
             enc = encode_batch(self._fields[name], batch, n)
             n = enc[0]
             encoded[name] = enc
+        if not n:
+            return  # zero records (checked like any batch): nothing to write or commit
         self._guarded(self._append_encoded, encoded, n)
 
     def _append_encoded(self, encoded: dict[str, Any], n: int) -> None:
@@ -494,20 +496,25 @@ class Writer:
         return self._guarded(self._utilization)
 
     def _utilization(self) -> float:
+        live, total = self._live_bytes()
+        return live / total if total else 1.0
+
+    def _live_bytes(self) -> tuple[int, int]:
+        """(bytes of live records, bytes in chunks), including uncommitted changes."""
         total = sum(size for _f, size in self._chunks.values())
-        if total == 0:
-            return 1.0
         live = 0
-        for fw in self._fields.values():
-            ent, _aux = self._get_entries(fw, 0, self._n)
-            live += int(ent["length"].sum(dtype=np.int64))
-        return live / total
+        if total:
+            for fw in self._fields.values():
+                ent, _aux = self._get_entries(fw, 0, self._n)
+                live += int(ent["length"].sum(dtype=np.int64))
+        return live, total
 
     def compact(self, *, progress: bool | None = None) -> tuple[float, float]:
         """Rewrites live records into fresh chunks (the design's "rebalance").
 
         Takes effect at the next commit (which changes the generation); old chunks are deleted
-        after that commit.
+        after that commit. A store with no dead bytes (utilization 100%) is left as it is: no
+        rewrite, and no new generation that would invalidate checkpoints.
 
         Returns:
             ``(utilization_before, utilization_after)``, each live bytes / chunk bytes.
@@ -518,7 +525,10 @@ class Writer:
     def _compact(self, progress: bool | None) -> tuple[float, float]:
         # Old chunks stay on disk until the commit; the index is rewritten in the copy-on-write
         # files, so nothing is visible (or lost) before the commit.
-        before = self._utilization()
+        live, total = self._live_bytes()
+        if live == total:  # nothing to reclaim: a rewrite would only change the generation
+            return 1.0, 1.0
+        before = live / total
         self._folios.flush_all()  # records appended since the commit are read back from the files
         self._begin_cow()
         plans = [(fw, self._get_entries(fw, 0, self._n)[0]) for fw in self._fields.values()]
