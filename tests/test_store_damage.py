@@ -70,7 +70,11 @@ def _openers(path):
 def test_a_store_without_meta_json_is_refused_by_every_opener(tmp_path):
     path = _store(tmp_path / "s")
     os.unlink(os.path.join(path, "meta.json"))  # what a pack killed before its commit leaves
-    for name, call in {**_openers(path), "link": lambda: headrace.load(path + "@refresh")}.items():
+    more = {"link": lambda: headrace.load(path + "@refresh"),
+            "text": lambda: headrace.text(path, batch=2, seq_len=4, field="b"),
+            "Dataset": lambda: headrace.Dataset(path, field="b"),
+            "image": lambda: headrace.image(path, batch=2)}
+    for name, call in {**_openers(path), **more}.items():
         with pytest.raises(headrace.CorruptionError, match=r"no meta\.json") as e:
             call()
         assert "chunks/" in str(e.value), name

@@ -52,7 +52,7 @@ from headrace._engine.lifecycle import (
 )
 from headrace._engine.loader import Loader, resolve_order
 from headrace._engine.timeline import TimelineMixin, timeline_period
-from headrace._pack.text import TEXT_ATTR, is_mx8_pack, pack_text
+from headrace._pack.text import TEXT_ATTR, is_mx8_pack, is_store_like, pack_text
 from headrace._pack.tokenizer import as_tokenizer
 from headrace._store.fingerprint import store_fingerprint
 from headrace._store.snapshot import fetch
@@ -512,8 +512,7 @@ def _open_tokens(data: Any, *, field: str, tokenizer: Any, text_key: str, txt_mo
     store = None
     if isinstance(data, Store):
         store = data
-    elif isinstance(data, str | os.PathLike) and os.path.isfile(
-            os.path.join(os.fspath(data), "meta.json")):
+    elif is_store_like(data):  # damaged too: open_store says so
         store = open_store(os.fspath(data))
     if store is not None and _token_field(store, field):
         if options:
@@ -552,8 +551,7 @@ def _open_stream(data: Any, *, text_key: str, recursive: bool,
         from headrace._sources.images import Mx8PackImages
 
         return Mx8PackImages(os.fspath(data)), "image"  # a Source of Ragged sample bytes
-    if isinstance(data, Store) or (isinstance(data, str | os.PathLike) and os.path.isfile(
-            os.path.join(os.fspath(data), "meta.json"))):
+    if isinstance(data, Store) or is_store_like(data):
         st = open_store(data.path if isinstance(data, Store) else os.fspath(data))
         spec = st.fields.get(text_key)
         if spec is None or spec.shape is not None or np.dtype(spec.dtype) != np.uint8:

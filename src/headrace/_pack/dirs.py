@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import struct
+import tempfile
 import warnings
 from concurrent.futures import Executor
 from typing import Any
 
 from headrace._base.errors import ConfigError
-from headrace._base.fsutil import replace_store
+from headrace._base.fsutil import publish_dir, replace_store
 from headrace._base.progress import progress as progress_bar
 from headrace._pack import parallel as _parallel_pack
 from headrace._sources.file_batches import read_batches
@@ -98,20 +100,29 @@ def pack_dir(in_dir: str | os.PathLike[str], *, out: str | os.PathLike[str],
                                 else None),
                 "classes": scan.classes, "dataset_hash": digest.hexdigest(),
                 "skipped": dict(scan.skipped), "labels_note": scan.note, "path": out}
-    with create(out, fields=fields, chunk_mb=shard_mb, attrs=attrs) as w, \
-            progress_bar(int(scan.sizes.sum()), desc="pack_dir", enabled=progress) as bar:
-        if scan.classes is not None:
-            write_labels_tsv(os.path.join(out, LABELS_FILE), scan.classes)
-        for a, b, blobs in read_batches(scan.root, scan.paths, scan.sizes):
-            paths = [p.encode("utf-8", "surrogateescape") for p in scan.paths[a:b]]
-            labels = scan.labels[a:b]
-            for blob, path, label in zip(blobs, paths, labels.tolist(), strict=True):
-                digest.update(struct.pack("<QqQ", len(blob), label, len(path)))
-                digest.update(path)
-                digest.update(blob)
-            w.append({"image": blobs, "label": labels, "path": paths})
-            bar.update(sum(map(len, blobs)))
-        w.commit()
+    # Built in a private sibling folder, published with one rename: a kill leaves nothing at out.
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.partial-")
+    try:
+        with create(staging, fields=fields, chunk_mb=shard_mb, attrs=attrs) as w, \
+                progress_bar(int(scan.sizes.sum()), desc="pack_dir", enabled=progress) as bar:
+            if scan.classes is not None:
+                write_labels_tsv(os.path.join(staging, LABELS_FILE), scan.classes)
+            for a, b, blobs in read_batches(scan.root, scan.paths, scan.sizes):
+                paths = [p.encode("utf-8", "surrogateescape") for p in scan.paths[a:b]]
+                labels = scan.labels[a:b]
+                for blob, path, label in zip(blobs, paths, labels.tolist(), strict=True):
+                    digest.update(struct.pack("<QqQ", len(blob), label, len(path)))
+                    digest.update(path)
+                    digest.update(blob)
+                w.append({"image": blobs, "label": labels, "path": paths})
+                bar.update(sum(map(len, blobs)))
+            w.commit()
+        publish_dir(staging, out, who="pack_dir")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     with open_store(out) as st:
         chunks = len(st.meta.chunks)
     labels_path = os.path.join(out, LABELS_FILE) if scan.classes is not None else None

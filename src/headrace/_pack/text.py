@@ -29,6 +29,7 @@ from headrace._base.errors import ConfigError, DecodeError
 from headrace._base.fsutil import undo_dir
 from headrace._base.progress import progress as progress_bar
 from headrace._pack.tokenizer import TextTokenizer, as_tokenizer
+from headrace._store.format import looks_like_store
 
 __all__ = ["TEXT_ATTR", "pack_text"]
 
@@ -108,7 +109,7 @@ class _Docs:
 
             self.records = Mx8PackImages(os.fspath(src))
             self.total = len(self.records)
-        elif _is_store_like(src):
+        elif is_store_like(src):
             from headrace._store.reader import Store
             from headrace._store.reader import open as open_store
 
@@ -212,11 +213,13 @@ def is_mx8_pack(src: Any) -> bool:
         os.path.join(os.fspath(src), "_mx8", "manifest.tsv"))
 
 
-def _is_store_like(src: Any) -> bool:
+def is_store_like(src: Any) -> bool:
     if type(src).__name__ == "Store":
         return True
-    return isinstance(src, str | os.PathLike) and os.path.isfile(
-        os.path.join(os.fspath(src), "meta.json"))
+    # also a store damaged before its first commit: opened (and refused) as a store, never
+    # tokenized as a folder of text files
+    return isinstance(src, str | os.PathLike) and os.path.isdir(os.fspath(src)) and \
+        looks_like_store(os.fspath(src))
 
 
 def pack_text(src: Any, out: str | os.PathLike[str], *, tokenizer: Any = None,

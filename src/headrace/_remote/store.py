@@ -70,7 +70,8 @@ class RemoteStore:
         fields: the fields a Source-style ``gather(ids)`` returns (default all).
         pinned: ``{"length", "generation"}`` of a snapshot to serve (else the current commit).
         cache: optional local byte cache for chunk ranges.
-        verify: ``"first"`` (each record's crc once per process), ``"always"`` or ``"never"``.
+        verify: ``"first"`` or ``"always"`` (every fetched record's crc32c: each fetch is a fresh
+            copy that crossed the network or sat in the local cache), or ``"never"``.
         max_inflight: concurrent range requests for this store.
         coalesce_gap_bytes: merge two ranges of a chunk when the gap between them is at most this.
         max_range_bytes: never merge a request past this size.
@@ -132,7 +133,6 @@ class RemoteStore:
         if unknown:
             raise ConfigError(f"unknown fields {unknown}; {self.url} has {names}")
         self.fields_selected = picked
-        self._verified = {n: np.zeros((meta.length + 7) // 8, np.uint8) for n in names}
         from headrace._store.fingerprint import store_fingerprint
 
         self._fingerprint = store_fingerprint(self)
@@ -390,13 +390,11 @@ class RemoteStore:
     def _verify(self, f: _Field, idx: np.ndarray, ranges: list[tuple[int, int, int]],
                 rid: np.ndarray, bufs: list[bytes], stored: Any, crc: np.ndarray,
                 ln: np.ndarray) -> None:
+        # Every fetch is a fresh copy that crossed the network (or sat in the local cache), so
+        # "first" checks it like "always": a record verified once can still arrive damaged.
         if self.verify == "never":
             return
-        bm = self._verified[f.spec.name]
         todo = np.flatnonzero(ln > 0)
-        if self.verify == "first":
-            seen = (bm[idx[todo] >> 3] >> (idx[todo] & 7).astype(np.uint8)) & 1
-            todo = todo[seen == 0]
         if not len(todo):
             return
         got = np.fromiter((google_crc32c.value(bytes(stored(j))) for j in todo.tolist()),
@@ -421,9 +419,6 @@ class RemoteStore:
                 f"(records {idx[still][:8].tolist()}), also when fetched again; the store on S3 "
                 "is damaged: re-pack or restore it", field=f.spec.name,
                 record_ids=idx[still].tolist())
-        if self.verify == "first":
-            ids = idx[todo]
-            np.bitwise_or.at(bm, ids >> 3, np.left_shift(1, ids & 7).astype(np.uint8))
 
 
 def objstore_prefix(url: str) -> str:

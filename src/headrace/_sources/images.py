@@ -803,7 +803,7 @@ def open_image_records(data: Any, *, label_mode: str | None = "auto",
                             "pack changed since the link was pinned")
         return recs
     p = base  # a plain path, or @refresh: a local store/pack/folder is read as it is now
-    if os.path.isfile(os.path.join(p, "meta.json")):
+    if os.path.isdir(p) and looks_like_store(p):  # a damaged one too: open() says so
         from headrace._store.reader import open as open_store
 
         return StoreImages(open_store(p), owned=True)

@@ -158,7 +158,10 @@ class Store:
 
     Use ``headrace.open(path)``. ``verify`` chooses when checksums are checked: ``"first"`` (the
     first time this process reads a record: committed bytes never change), ``"always"`` or
-    ``"never"``.
+    ``"never"``. Under ``"first"``, bytes damaged on disk after this process read (and checked) a
+    record are served as they are from then on: a reader that must notice damage that happens
+    while it runs uses ``"always"``, which checks the crc32c of every record on every read (see
+    ``docs/format.md``, "Reading", for what it costs).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, verify: VerifyMode = "first") -> None:
@@ -626,7 +629,9 @@ def open(path: str | os.PathLike[str], *, mode: str = "r", verify: VerifyMode = 
         path: the store directory.
         mode: ``"r"`` to read, ``"a"`` to append/modify/delete/compact (takes the writer lock).
         verify: for readers, when to check checksums: ``"first"`` read of each record in this
-            process (default), ``"always"``, or ``"never"``.
+            process (default; damage that happens to a record after that read is not noticed),
+            ``"always"`` (every read; the steady state of a raw field then reads ~2.5x fewer
+            rows/s), or ``"never"`` (entries only).
 
     Raises:
         NotAStoreError, FormatVersionError, CorruptionError (meta.json damaged), WriterBusyError.
