@@ -59,11 +59,11 @@ def test_pack_arrays_killed_at_random_moments(tmp_path, ctx):
     t0 = time.perf_counter()
     p = ctx.Process(target=_pack, args=(str(tmp_path / "probe"),))
     p.start()
-    p.join(120)
+    p.join(600)
     span = time.perf_counter() - t0
     assert p.exitcode == 0
     outcomes = {"absent": 0, "complete": 0}
-    for k in range(16):
+    for k in range(20):
         out = str(tmp_path / f"s{k}")
         p = ctx.Process(target=_pack, args=(out,))
         p.start()
@@ -75,6 +75,7 @@ def test_pack_arrays_killed_at_random_moments(tmp_path, ctx):
         else:
             _complete(out)  # anything at the path is the whole store
             outcomes["complete"] += 1
+            span *= 0.7  # the machine got faster than the probe: aim earlier (a shared CI box)
             continue
         with pytest.raises(headrace.NotAStoreError):
             headrace.open(out)
@@ -86,7 +87,7 @@ def test_pack_arrays_killed_at_random_moments(tmp_path, ctx):
 def _pack_in_a_child(ctx, out):
     p = ctx.Process(target=_pack, args=(out,))
     p.start()
-    p.join(120)
+    p.join(600)
     assert p.exitcode == 0
 
 
@@ -101,7 +102,7 @@ def test_two_packs_to_the_same_new_path(tmp_path, ctx, workers):
         for _, tx in pipes:
             tx.send("go")
         for p in procs:
-            p.join(120)
+            p.join(600)
         codes = sorted(p.exitcode for p in procs)
         assert codes == [0, 3], codes  # one wins; the other is told the path is taken
         _complete(out)
