@@ -6,6 +6,7 @@ rerun), and of two packs to the same new path one wins and the other is refused 
 StoreExistsError, the winner's store intact.
 """
 
+import contextlib
 import multiprocessing
 import os
 import random
@@ -27,6 +28,7 @@ def _data():
 
 def _pack(out, conn=None, workers=1):
     if conn is not None:
+        conn.send("ready")
         conn.recv()  # start together
     try:
         headrace.pack_arrays(out, x=_data(), y=np.arange(N), chunk_mb=0.05, slice_bytes=16 << 10,
@@ -50,25 +52,41 @@ def _complete(path):
 
 @pytest.fixture
 def ctx():
-    return multiprocessing.get_context("fork")
+    # forkserver, not fork: the test process may run other libraries' threads by now (pyarrow,
+    # Dask), and a child forked from it can deadlock on a lock one of them held
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["numpy", "headrace", "headrace._pack.arrays",
+                                "headrace._store.writer", "headrace._store.reader"])
+    return ctx
+
+
+def _start(ctx, out, workers=1):
+    """A pack in a child that waits for "go"; returns (process, pipe) once it is ready."""
+    rx, tx = ctx.Pipe()
+    p = ctx.Process(target=_pack, args=(out, rx, workers))
+    p.start()
+    assert tx.poll(120), "the child did not start"
+    assert tx.recv() == "ready"
+    return p, tx
 
 
 def test_pack_arrays_killed_at_random_moments(tmp_path, ctx):
     rng = random.Random(7)
     # how long one pack takes here, to spread the kills over all of it
+    p, tx = _start(ctx, str(tmp_path / "probe"))
     t0 = time.perf_counter()
-    p = ctx.Process(target=_pack, args=(str(tmp_path / "probe"),))
-    p.start()
+    tx.send("go")
     p.join(600)
     span = time.perf_counter() - t0
     assert p.exitcode == 0
     outcomes = {"absent": 0, "complete": 0}
-    for k in range(20):
+    for k in range(14):
         out = str(tmp_path / f"s{k}")
-        p = ctx.Process(target=_pack, args=(out,))
-        p.start()
+        p, tx = _start(ctx, out)
+        tx.send("go")
         time.sleep(rng.uniform(0, span))
-        os.kill(p.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # it may have finished already
+            os.kill(p.pid, signal.SIGKILL)
         p.join(30)
         if not os.path.exists(out):
             outcomes["absent"] += 1
@@ -85,8 +103,8 @@ def test_pack_arrays_killed_at_random_moments(tmp_path, ctx):
 
 
 def _pack_in_a_child(ctx, out):
-    p = ctx.Process(target=_pack, args=(out,))
-    p.start()
+    p, tx = _start(ctx, out)
+    tx.send("go")
     p.join(600)
     assert p.exitcode == 0
 
@@ -95,11 +113,9 @@ def _pack_in_a_child(ctx, out):
 def test_two_packs_to_the_same_new_path(tmp_path, ctx, workers):
     for k in range(4):
         out = str(tmp_path / f"s{k}")
-        pipes = [ctx.Pipe() for _ in range(2)]
-        procs = [ctx.Process(target=_pack, args=(out, rx, workers)) for rx, _ in pipes]
-        for p in procs:
-            p.start()
-        for _, tx in pipes:
+        started = [_start(ctx, out, workers) for _ in range(2)]
+        procs = [p for p, _ in started]
+        for _, tx in started:
             tx.send("go")
         for p in procs:
             p.join(600)
