@@ -71,7 +71,8 @@ class StoreModel(RuleBasedStateMachine):
     def compact(self):
         before, after = self.w.compact()
         assert 0 <= before <= 1 and after == 1.0
-        self.rewrote = True
+        # a store with no dead bytes is left as it is (no new generation)
+        self.rewrote = self.rewrote or before < 1.0
 
     @rule()
     def commit(self):
