@@ -267,17 +267,19 @@ class DistributedDataLoader(InnerState, TimelineMixin):
         return bytes(self._loader.checkpoint())
 
     def stats(self) -> dict[str, Any]:
-        """The loader's stats plus mx8's distributed keys."""
+        """The loader's stats plus the distributed keys mx8 reports that headrace measures."""
         s = dict(self._loader.stats())
         s.update({
             "mode": "distributed", "assigned_rank": self.launch.rank,
             "world_size": self.launch.world_size, "local_rank": self.launch.local_rank,
             "launcher": self.launch.launcher, "manifest_hash": self.snapshot,
-            "effective_want": 1, "elastic_transition_pending": False,
+            # world-size changes happen only between runs (a resume), so there is never a
+            # pending transition or a target apart from the current world: mx8's lease keys for
+            # those (effective_want, elastic_transition_pending, elastic_target_world_size) would
+            # be constants and are left out
             "elastic_transitions_total": self._transitions,
             "elastic_last_transition_reason": self._transition_reason,
             "elastic_current_world_size": self.launch.world_size,
-            "elastic_target_world_size": self.launch.world_size,
         })
         return s
 
