@@ -9,6 +9,7 @@ appends at the committed ends.
 from __future__ import annotations
 
 import os
+import stat
 
 from headrace._store import format as _format
 from headrace._store.format import AUX_DTYPE, CHUNK_DIR, INDEX_DTYPE, Meta
@@ -53,7 +54,9 @@ def recover(path: str, meta: Meta) -> None:
 
 def _truncate_to(path: str, size: int) -> None:
     try:
-        if os.stat(path).st_size > size:
-            os.truncate(path, size)
+        info = os.stat(path)
     except FileNotFoundError:
-        pass  # a missing committed file is reported by whoever reads it
+        return  # a missing committed file is reported by whoever reads it
+    # (a directory or FIFO in its place is damage too, reported the same way: never truncated)
+    if stat.S_ISREG(info.st_mode) and info.st_size > size:
+        os.truncate(path, size)

@@ -24,6 +24,7 @@ import functools
 import json
 import math
 import os
+import stat
 import weakref
 from collections.abc import Iterable, Mapping
 from types import TracebackType
@@ -43,6 +44,7 @@ from headrace._base.errors import (
 from headrace._base.fsutil import (
     acquire_lock,
     copy_prefix,
+    file_kind,
     is_disk_full,
     pwrite_all,
     store_full,
@@ -178,13 +180,23 @@ class Writer:
             return False
 
     def _open_fd(self, name: str, *, create: bool = False) -> int:
-        flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
+        flags = os.O_RDWR | os.O_NONBLOCK | (os.O_CREAT | os.O_TRUNC if create else 0)
         try:
             fd = os.open(os.path.join(self.path, name), flags, 0o644)
+        except IsADirectoryError:
+            raise CorruptionError(
+                f"{os.path.join(self.path, name)} is a directory, not a regular file, but "
+                "meta.json names it; the store is damaged: restore that file from a backup") from None
         except FileNotFoundError:
             raise CorruptionError(
                 f"{os.path.join(self.path, name)} is missing, but meta.json names it; the store "
                 "is damaged: restore that file from a backup") from None
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # a FIFO or device in its place: writes would fail or block
+            os.close(fd)
+            raise CorruptionError(
+                f"{os.path.join(self.path, name)} is a {file_kind(mode)}, not a regular file, but "
+                "meta.json names it; the store is damaged: restore that file from a backup")
         self._fds.append(fd)
         return fd
 
