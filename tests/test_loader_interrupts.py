@@ -92,10 +92,15 @@ def test_keyboard_interrupt_in_a_transform_is_not_wrapped():
             raise KeyboardInterrupt
         return batch
 
+    # The consumer may run a later batch's transform itself while it waits for batch 0 (it
+    # steals work), and a KeyboardInterrupt there is a Ctrl-C at the consumer: raised at once. So
+    # it may arrive at the first next(); what matters is that it arrives unwrapped, and only once.
     with headrace.Loader({"x": np.arange(512)}, batch=64, transform=tf, threads=2) as ld:
-        next(ld)
+        got = []
         with pytest.raises(KeyboardInterrupt):
-            next(ld)
+            for _ in range(8):
+                got.append(next(ld)["x"][0])
+        assert got in ([], [0])
 
 
 _CHILD = textwrap.dedent("""
