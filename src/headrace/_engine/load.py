@@ -45,7 +45,8 @@ def load(data: Any, *, batch: int = 512, inflight: int | None = None, queue: int
          constraints: Constraints | None = None, runtime: RuntimeConfig | None = None,
          transform: Transform | None = None,
          transform_nbytes: Callable[[int], int] | None = None,
-         timeline: bool | float = False, **options: Any) -> Loader:
+         timeline: bool | float = False, batch_bytes: int | None = None,
+         target_bytes: int | None = None, **options: Any) -> Loader:
     """Open ``data`` and return a ``Loader`` yielding ``{field: ndarray | Ragged}`` per batch.
 
     As mx8's ``load``: one pass, sequential by record id, last batch partial, ``start``/``end``
@@ -64,7 +65,7 @@ def load(data: Any, *, batch: int = 512, inflight: int | None = None, queue: int
         shuffle, order: ``order`` is ``"sequential"``, ``"shuffle"`` or ``"iid"``; ``shuffle=True``
             is ``order="shuffle"``.
         epochs, drop_last, tail, rank, world_size, check, threads, transform, transform_nbytes,
-            timeline: as for ``Loader`` (under a launcher, torchrun, SLURM or
+            timeline, batch_bytes, target_bytes: as for ``Loader`` (under a launcher, torchrun, SLURM or
             ``jax.distributed``, each rank reads its own share, checked across ranks).
         **options: passed to the source opener (e.g. ``fields=["image"]``, ``verify="never"``).
 
@@ -92,7 +93,8 @@ def load(data: Any, *, batch: int = 512, inflight: int | None = None, queue: int
                         transform_nbytes=transform_nbytes, threads=threads, inflight=inflight,
                         ram_gb=ram_gb, queue=queue, prefetch=prefetch, profile=profile,
                         constraints=constraints, runtime=runtime, resume=resume, check=check,
-                        close_source=True, timeline=timeline)
+                        close_source=True, timeline=timeline, batch_bytes=batch_bytes,
+                        target_bytes=target_bytes)
     except BaseException:
         source.close()
         raise

@@ -46,10 +46,11 @@ from headrace._engine.keywords import checked
 from headrace._engine.launcher import resolve as resolve_launch
 from headrace._engine.stats import LoaderCounters, print_line
 from headrace._engine.timeline import Recorder
+from headrace._order.byte_plan import BytePlan
 from headrace._order.make import make_order
 from headrace._order.order import Mode, Order
 from headrace._order.plan import BatchPlan, Step
-from headrace._sources.base import Source, open_source, payload_nbytes
+from headrace._sources.base import Source, open_source, payload_nbytes, record_sizes
 
 __all__ = ["Loader"]
 
@@ -482,6 +483,11 @@ class Loader:
             each source a share of one cap).
         timeline: record periodic ``stats()`` snapshots for ``stats_timeline()`` /
             ``headrace.plot``: ``True`` (every 0.5 s) or a period in seconds.
+        batch_bytes: hard per-batch ceiling on the records' bytes (variable-size fields, see
+            ``docs/memory.md``): batches are cut before passing it (still at most ``batch``
+            records); a single record larger than it is a ``ConfigError``.
+        target_bytes: soft per-batch byte target with mx8's band: once a batch holds 85% of
+            it, the batch ends before a record that would take it past 115%.
 
     Raises:
         ConfigError: a bad knob, or a cap smaller than one batch (the message says the minimum).
@@ -504,7 +510,8 @@ class Loader:
                  prefetch: int | None = None, profile: str | None = None,
                  constraints: Constraints | None = None, runtime: RuntimeConfig | None = None,
                  resume: bytes | None = None, close_source: bool | None = None,
-                 budget: ByteBudget | None = None, timeline: bool | float = False) -> None:
+                 budget: ByteBudget | None = None, timeline: bool | float = False,
+                 batch_bytes: int | None = None, target_bytes: int | None = None) -> None:
         # The settings as given; budget= lets a mix hand every source one shared byte budget
         # (a _shared_budget.BudgetShare).
         self._init_kwargs = {k: v for k, v in locals().items() if k not in ("self", "source")}
@@ -532,8 +539,18 @@ class Loader:
         launch, self._agree = resolve_launch(rank=rank, world_size=world_size, check=check)
         self.rank, self.world_size = launch.rank, launch.world_size
         self._launch = launch
+        self.batch_bytes = None if batch_bytes is None else _check_int("batch_bytes", batch_bytes, 1)
+        self.target_bytes = (None if target_bytes is None
+                             else _check_int("target_bytes", target_bytes, 1))
+        by_bytes = self.batch_bytes is not None or self.target_bytes is not None
         if tail is None:
-            tail = "drop" if drop_last else ("partial" if self.world_size == 1 else "pad")
+            # Byte-cut batches have no fixed share to pad to: several ranks drop the last
+            # incomplete round, so every rank reads the same number of batches.
+            tail = "drop" if drop_last else ("partial" if self.world_size == 1
+                                             else ("drop" if by_bytes else "pad"))
+        elif by_bytes and tail == "pad":
+            raise ConfigError('tail="pad" does not apply to byte-aware batches (batch_bytes/'
+                              'target_bytes); use tail="drop" or tail="partial"')
         elif drop_last and tail != "drop":
             raise ConfigError(f"drop_last=True conflicts with tail={tail!r}; pass only one")
         if tail not in _TAILS:
@@ -596,8 +613,30 @@ class Loader:
             tok, first_epoch=self._first_epoch, epochs=self._epochs)
         self._position = tok.position
 
-    def _make_plan(self) -> BatchPlan:
+    def _epoch_sizes(self, epoch: int) -> np.ndarray:
+        """Bytes of every record of ``epoch`` in read order; a record past ``batch_bytes`` is
+        refused here, before any batch of that epoch is read."""
+        assert self._order is not None
+        ids = self._order.range(epoch * self.length, self.length) + self._range[0]
+        sizes = record_sizes(self.source, ids)
+        if self.batch_bytes is not None:
+            over = np.flatnonzero(sizes > self.batch_bytes)
+            if len(over):
+                j = int(over[0])
+                raise ConfigError(f"record {int(ids[j])} has {int(sizes[j])} bytes > batch_bytes "
+                                  f"{self.batch_bytes}; raise batch_bytes to at least "
+                                  f"{int(sizes.max())} (the largest record) or leave it unset")
+        return sizes
+
+    def _make_plan(self) -> BatchPlan | BytePlan:
         n = self.length
+        if self.batch_bytes is not None or self.target_bytes is not None:
+            return BytePlan(length=n, batch=self.batch_size, rank=self.rank,
+                            world_size=self.world_size, tail=self.tail,
+                            start_position=self._position,
+                            end_position=None if self._end_epoch is None else self._end_epoch * n,
+                            sizes=self._epoch_sizes, batch_bytes=self.batch_bytes,
+                            target_bytes=self.target_bytes)
         return BatchPlan(length=n, batch=self.batch_size, rank=self.rank,
                          world_size=self.world_size, tail=self.tail,
                          start_position=self._position,
@@ -672,7 +711,8 @@ class Loader:
         first = next(self._make_plan().steps(), None)
         if self._order is None or first is None:
             return 0
-        count = min(self.batch_size, self.length)
+        count = first.count if self.batch_bytes or self.target_bytes else min(self.batch_size,
+                                                                              self.length)
         need = int(self.source.nbytes(self._order.range(first.start, count) + self._range[0]))
         if self._transform_nbytes is not None:
             need += int(self._transform_nbytes(count))

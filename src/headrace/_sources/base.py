@@ -23,7 +23,7 @@ from headrace._base.errors import ConfigError
 from headrace._store.fingerprint import store_fingerprint
 from headrace._store.format import looks_like_store
 
-__all__ = ["ArraySource", "Source", "StoreSource", "open_source", "register_source"]
+__all__ = ["ArraySource", "Source", "StoreSource", "open_source", "record_sizes", "register_source"]
 
 
 @runtime_checkable
@@ -61,6 +61,16 @@ _LOCK = threading.Lock()
 # never has to import e.g. the S3 module before passing "s3://..." to load().
 PLUGIN_MODULES: list[str] = ["headrace._sources.links", "headrace._sources.images",
                               "headrace._sources.zrecord", "headrace._sources.mx8_s3"]
+
+
+def record_sizes(source: Source, ids: np.ndarray) -> np.ndarray:
+    """Per-record bytes of ``ids`` for byte-aware batching (``batch_bytes``/``target_bytes``)."""
+    fn = getattr(source, "record_nbytes", None)
+    if fn is None:
+        raise ConfigError(f"batch_bytes/target_bytes need per-record sizes, which "
+                          f"{type(source).__name__} does not give (its records are fixed-size or "
+                          "decoded to a fixed shape): use batch= alone")
+    return np.asarray(fn(ids), np.int64)
 
 
 def register_source(name: str, can_open: CanOpen, opener: Opener) -> None:
@@ -154,6 +164,19 @@ class StoreSource:
             return len(ids) * self._row_bytes
         # Ragged fields also allocate their int64 offsets (n + 1 of them).
         return int(self.store.nbytes(ids, self.fields)) + self._ragged * 8 * (len(ids) + 1)
+
+    def record_nbytes(self, ids: np.ndarray) -> np.ndarray:
+        """Each record's bytes for byte-aware batching: its variable-size fields (the row bytes
+        when every field is fixed-size)."""
+        ids = np.asarray(ids, np.int64)
+        if self._row_bytes is not None:
+            return np.full(len(ids), self._row_bytes, np.int64)
+        out = np.zeros(len(ids), np.int64)
+        for name in self.fields:
+            if self.store.fields[name].shape is None:
+                self.store.nbytes(ids, [name])  # validates ids and sizes as a gather would
+                out += np.asarray(self.store.aux_entries(name)["nbytes"], np.int64)[ids]
+        return out
 
     def gather(self, ids: np.ndarray) -> dict[str, Any]:
         return self.store.gather(ids, self.fields)  # a fresh dict per call already

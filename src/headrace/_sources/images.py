@@ -371,6 +371,10 @@ class FolderImages(ScannedFolder, ImageRecords):
     def raw_nbytes(self, ids: np.ndarray) -> int:
         return int(self.scan.sizes[self._check(ids)].sum())
 
+    def record_nbytes(self, ids: np.ndarray) -> np.ndarray:
+        """Each image file's size, what byte-aware batching counts."""
+        return self.scan.sizes[self._check(ids)].astype(np.int64)
+
     payload_nbytes = raw_nbytes
 
     # A generic loader over a folder yields what it yields over ``pack_dir(folder)``: the
@@ -482,6 +486,10 @@ class Mx8PackImages(ImageRecords):
 
     def raw_nbytes(self, ids: np.ndarray) -> int:
         return int(self._len[self._check(ids)].sum())
+
+    def record_nbytes(self, ids: np.ndarray) -> np.ndarray:
+        """Each record's manifest ``byte_length``, what mx8's byte-aware batching counts."""
+        return self._len[self._check(ids)].copy()
 
     def payload_nbytes(self, ids: np.ndarray) -> int:
         return 0

@@ -108,6 +108,10 @@ class RawSource:
         extra = 8 * (n + 1) + self._keys.itemsize * n + (8 * n if self._labels is not None else 0)
         return int(self.manifest.sizes[ids].sum(dtype=np.int64)) + extra
 
+    def record_nbytes(self, ids: np.ndarray) -> np.ndarray:
+        """Each object's size, what byte-aware batching counts."""
+        return np.asarray(self.manifest.sizes[np.asarray(ids, np.int64)], np.int64)
+
     def gather(self, ids: np.ndarray) -> dict[str, Any]:
         ids = np.asarray(ids, np.int64)
         if len(ids) and (ids.min() < 0 or ids.max() >= len(self)):
