@@ -52,7 +52,7 @@ T_ORDER = ("tests/test_sampler.py", "tests/test_loader_order.py", "tests/test_bo
 T_LOADER = ("tests/test_loader_memory.py", "tests/test_loader_lifecycle.py",
             "tests/test_loader_order.py", "tests/test_boundaries.py")
 T_BUDGET = ("tests/test_loader_memory.py", "tests/test_mix.py", "tests/test_boundaries.py")
-T_CKPT = ("tests/test_checkpoint.py", "tests/test_loader_lifecycle.py")
+T_CKPT = ("tests/test_checkpoint.py", "tests/test_loader_lifecycle.py", "tests/test_boundaries.py")
 T_MIX = ("tests/test_mix.py", "tests/test_boundaries.py")
 T_REMOTE = ("tests/test_s3_client.py", "tests/test_s3_faults.py", "tests/test_manifest.py",
             "tests/test_power_loss.py", "tests/test_s3_store.py")

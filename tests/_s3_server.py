@@ -11,6 +11,7 @@ the child exits when its stdin closes).
 * ``503``: answers ``503 SlowDown`` itself (what S3 sends when it throttles);
 * ``429``: answers ``429 Too Many Requests`` itself (S3-compatible stores and proxies throttle so);
 * ``408``: answers ``408 Request Timeout`` itself (a front end that gave up on a slow request);
+* ``500``: answers ``500 InternalError`` itself (S3 asks clients to retry those);
 * ``length``: forwards the request, but the response claims more body bytes (``Content-Length``)
   than it carries, then the connection ends: a body-length mismatch;
 * ``stall``: holds the request for ``stall_s`` (longer than the client timeout), then closes;
@@ -119,9 +120,11 @@ class MotoS3Server:
 class FaultProxy:
     """A TCP proxy on 127.0.0.1 that injects faults into a seeded fraction of HTTP requests."""
 
-    FAULTS = ("reset", "503", "429", "408", "stall", "truncate", "length")  # "flip": when asked
+    FAULTS = ("reset", "503", "429", "408", "500", "stall", "truncate", "length")  # "flip": when asked
     _ANSWERS = {"503": (b"503 Slow Down", b"SlowDown", b"Please reduce your request rate."),
                 "429": (b"429 Too Many Requests", b"TooManyRequests", b"Rate exceeded."),
+                "500": (b"500 Internal Server Error", b"InternalError",
+                        b"We encountered an internal error. Please try again."),
                 "408": (b"408 Request Timeout", b"RequestTimeout",
                         b"Your socket connection to the server was not read from or written to "
                         b"within the timeout period.")}

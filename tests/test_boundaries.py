@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -56,6 +57,25 @@ def test_seeds_differing_only_in_high_bits_give_different_streams(mode):
     assert not np.array_equal(big, make_order(mode, 2**21 + 5, seed=3 + (1 << 33)).range(0, 64))
 
 
+def test_iid_word_sharing_switches_exactly_past_two_to_the_20():
+    """N <= 2**20 takes two 32-bit draws per 64-bit word, larger N a word each (the pinned stream
+    of every checkpoint in the wild depends on where that switch is)."""
+    from headrace._order.order import _TAG_IID, PCGStream, mix64, mulhi
+
+    seed = 9
+    words = PCGStream(mix64(seed ^ _TAG_IID)).words(0, 8)
+    for n in (2**20, 2**20 - 1):
+        halves = words.view(np.uint32)[:16].astype(np.uint64)  # low half first
+        want = (halves * np.uint64(n)) >> np.uint64(32)
+        np.testing.assert_array_equal(make_order("iid", n, seed=seed).range(0, 16), want)
+    n = 2**20 + 1
+    want = np.floor((words >> np.uint64(11)).astype(np.float64) * (n * 2.0**-53))
+    np.testing.assert_array_equal(make_order("iid", n, seed=seed).range(0, 8), want)
+    big = 2**32 + 3  # past 2**32: the exact 128-bit multiply-high
+    np.testing.assert_array_equal(make_order("iid", big, seed=seed).range(0, 8),
+                                  mulhi(words.copy(), big))
+
+
 # -- the loader: queue window, inflight bytes, RAM cap ----------------------------------------------
 
 def _wait_for(pred, timeout_s=5.0):
@@ -79,6 +99,20 @@ def test_batches_in_flight_never_pass_queue_and_reach_it(queue):
         for _ in range(20):
             next(ld)
             assert ld.stats()["queue_high_water"] <= queue
+        # the workers, parked on the full window, wake as the consumer frees slots
+        assert _wait_for(lambda: ld.stats()["queue_depth"] == queue)
+
+
+def test_a_budget_release_of_more_than_is_held_is_refused():
+    from headrace._engine.budget import ByteBudget
+
+    b = ByteBudget(100)
+    assert b.acquire(60)
+    with pytest.raises(RuntimeError, match="releasing 61 bytes but only 60"):
+        b.release(61)
+    b.release(60)
+    assert b.used_bytes == 0 and b.high_water_bytes == 60
+    assert b.acquire(100, timeout_s=0.0)  # an exact fit, no wait
 
 
 def test_inflight_cap_of_exactly_one_batch_is_accepted_and_one_byte_less_is_not():
@@ -195,3 +229,65 @@ def test_mixed_loader_after_a_drop_keeps_the_remaining_proportions():
     after = got[last + 1:]
     head = after[:800]
     assert head.count(0) == 600 and head.count(1) == 200
+
+
+# -- checkpoint tokens: the size limit, integer fields, long fingerprints --------------------------
+
+def _loader_token(**overrides):
+    with headrace.Loader({"x": np.arange(50)}, batch=8, order="shuffle", seed=3, threads=1) as ld:
+        next(ld)
+        body = json.loads(ld.checkpoint())
+    body.update(overrides)
+    return json.dumps(body).encode()
+
+
+def test_a_token_of_exactly_the_size_limit_resumes_and_one_byte_more_is_refused():
+    from headrace._engine.checkpoint import MAX_TOKEN_BYTES
+
+    token = _loader_token()
+    exact = token + b" " * (MAX_TOKEN_BYTES - len(token))  # JSON allows trailing blanks
+    with headrace.Loader({"x": np.arange(50)}, batch=8, order="shuffle", seed=3,
+                         resume=exact) as ld:
+        assert ld.position == 8
+    with pytest.raises(headrace.CheckpointError, match=f"at most {MAX_TOKEN_BYTES}"):
+        headrace.Loader({"x": np.arange(50)}, batch=8, order="shuffle", seed=3,
+                        resume=exact + b" ")
+
+
+@pytest.mark.parametrize(("overrides", "needle"), [
+    ({"seed": True}, "bad 'seed'"),
+    ({"position": -1}, "impossible values"),
+    ({"position": 8.0}, "bad 'position'"),
+    ({"batch": 0}, "impossible values"),
+])
+def test_token_integers_are_integers_in_range(overrides, needle):
+    with pytest.raises(headrace.CheckpointError, match=needle):
+        headrace.Loader({"x": np.arange(50)}, batch=8, order="shuffle", seed=3,
+                        resume=_loader_token(**overrides))
+
+
+def test_token_encoder_never_emits_more_than_the_limit():
+    from headrace._engine import checkpoint as _checkpoint
+
+    state = _checkpoint.LoaderState(position=0, epoch=0, seed=1, order="shuffle", batch=8,
+                                    length=10, start=0, end=10, fingerprint="arrays:10:x",
+                                    rank=0, world_size=1)
+    enc = _checkpoint.encoder(state)
+    for digits in range(300, 600, 2):  # across the point where two integers stop fitting
+        position = 10**digits
+        try:
+            want = _checkpoint.encode(replace(state, position=position, epoch=position // 10))
+        except headrace.CheckpointError:
+            with pytest.raises(headrace.CheckpointError):
+                enc(position, position // 10)
+            continue
+        assert enc(position, position // 10) == want
+        assert len(want) <= _checkpoint.MAX_TOKEN_BYTES
+
+
+def test_a_fingerprint_of_exactly_160_chars_is_kept_and_a_longer_one_hashed():
+    from headrace._engine.checkpoint import fingerprint_key
+
+    assert fingerprint_key("f" * 160) == "f" * 160
+    assert fingerprint_key("f" * 161).startswith("sha256:")
+    assert fingerprint_key("f" * 161) != fingerprint_key("f" * 162)

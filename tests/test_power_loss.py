@@ -150,3 +150,16 @@ def test_byte_cache_returns_whole_entries_or_misses_after_power_loss(tmp_path, m
             on_disk = sum(f.stat().st_size for f in (d / "c").glob("??/*")
                           if not f.name.startswith(".tmp-"))
             assert on_disk <= cap, f"{where}: {on_disk} bytes of entries over the {cap} cap"
+
+
+def test_byte_cache_fills_to_exactly_its_limit(tmp_path):
+    c = ByteCache(tmp_path / "c", max_bytes=1000)
+    assert c.put("whole", b"w" * 1000)  # an entry of exactly the limit is kept
+    assert c.get("whole") == b"w" * 1000 and c.usage_bytes() == 1000
+    assert not c.put("over", b"o" * 1001)
+    assert c.put("a", b"a" * 600) and c.get("whole") is None  # evicted to make room
+    assert c.put("b", b"b" * 400)  # 600 + 400 is exactly the limit: nothing evicted
+    assert c.get("a") == b"a" * 600 and c.usage_bytes() == 1000 and c.evictions == 1
+    assert c.put("c", b"c")  # one byte more: the least recently used goes
+    assert c.get("b") is None or c.get("a") is None
+    assert c.usage_bytes() <= 1000

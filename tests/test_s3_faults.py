@@ -1,4 +1,4 @@
-"""The client retries throttling (429), request timeouts (408) and bodies shorter than announced.
+"""The client retries throttling (429), request timeouts (408), 500s and bodies shorter than announced.
 
 Each fault comes from the fault proxy in front of a real S3 server (moto on loopback): the first
 requests through it get the fault, then it forwards; the client must return the right bytes.
@@ -33,7 +33,7 @@ def _client(endpoint, bucket, **kw):
     return ObjectStore(bucket, options=S3Options(endpoint=endpoint, **KEYS, **kw))
 
 
-@pytest.mark.parametrize("fault", ["429", "408", "length"])
+@pytest.mark.parametrize("fault", ["429", "408", "500", "length"])
 def test_each_fault_is_retried_and_the_bytes_are_right(server, bucket, fault):
     blob = os.urandom(30_000)
     _client(server.endpoint, bucket).put("o/k.bin", blob)
@@ -80,6 +80,6 @@ def test_a_mixed_storm_of_every_fault_still_reads_everything(server, bucket):
             for k, v in blobs.items():
                 assert c.get(k)[0] == v
                 assert c.get_range(k, 7, 4000) == v[7:4000]
-        assert {"429", "408", "length"} <= set(proxy.injected)
+        assert set(proxy.injected) == set(FaultProxy.FAULTS)
     finally:
         proxy.close()
