@@ -112,7 +112,26 @@ def test_a_budget_release_of_more_than_is_held_is_refused():
         b.release(61)
     b.release(60)
     assert b.used_bytes == 0 and b.high_water_bytes == 60
+    assert b.acquire(61)  # one byte past the old mark moves it
+    assert b.high_water_bytes == 61
+    b.release(61)
     assert b.acquire(100, timeout_s=0.0)  # an exact fit, no wait
+    assert b.high_water_bytes == 100
+
+
+def test_a_failed_dispatch_is_raised_at_its_batch_and_nothing_comes_after(tmp_path):
+    """Workers racing past a batch whose reservation failed must not deliver later batches in
+    its place: the error is batch 2, and the loader stops there."""
+    path = tmp_path / "s"
+    with headrace.create(path, fields={"blob": "bytes"}) as w:
+        w.append({"blob": [b"a"] * 8 + [b"b" * 5000] + [b"c"] * 31})
+    with headrace.load(path, batch=4, inflight=1000, threads=4, queue=8, prefetch=8) as ld:
+        got = [next(ld)["blob"].to_list() for _ in range(2)]
+        assert [bytes(r) for b in got for r in b] == [b"a"] * 8
+        time.sleep(0.3)  # every worker has had its chance at the batches after the failed one
+        with pytest.raises(ConfigError, match="at least 5043"):
+            next(ld)
+        assert next(ld, None) is None
 
 
 def test_inflight_cap_of_exactly_one_batch_is_accepted_and_one_byte_less_is_not():
@@ -187,6 +206,24 @@ def test_a_chunk_listed_twice_is_damage(tmp_path):
         headrace.open(tmp_path / "s")
     (tmp_path / "s" / "meta.json").write_bytes(good)
     assert len(headrace.open(tmp_path / "s")) == 4
+
+
+def test_a_field_listed_twice_is_damage(tmp_path):
+    meta = _two_chunk_store(tmp_path / "s")
+    meta["fields"].append(dict(meta["fields"][0]))
+    (tmp_path / "s" / "meta.json").write_bytes(_format.meta_bytes(meta))
+    with pytest.raises(headrace.CorruptionError, match="listed twice"):
+        headrace.open(tmp_path / "s")
+
+
+def test_fixed_shape_raw_chunks_fill_to_exactly_their_capacity(tmp_path):
+    rec = 64 << 10  # 32 records make one 2 MiB chunk
+    with headrace.create(tmp_path / "s", fields={"a": {"dtype": "uint8", "shape": [rec]}},
+                         chunk_mb=2) as w:
+        for k in (31, 1, 30, 2):  # the 1 fills the last slot of a chunk, the 2 straddles none
+            w.append({"a": np.zeros((k, rec), np.uint8)})
+    sizes = [c["size"] for c in json.loads((tmp_path / "s" / "meta.json").read_text())["chunks"]]
+    assert sizes == [2 << 20, 2 << 20]
 
 
 def test_a_fixed_shape_record_of_exactly_the_limit_is_stored(tmp_path, monkeypatch):

@@ -13,7 +13,10 @@ once their directory was synced, or not). Each tree is reopened:
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +30,18 @@ from headrace._remote.manifest import Manifest, ManifestStore
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(not sys.platform.startswith("linux"),
                                  reason="the recorder reads /proc/self/fd")]
+
+
+@pytest.fixture
+def cuts(tmp_path):
+    """Where the trees a cut leaves are rebuilt: tmpfs when there is one (reopening them fsyncs
+    hundreds of times, which tmpfs makes free), else the test's tmp_path."""
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK):
+        with tempfile.TemporaryDirectory(dir=shm, prefix="headrace-cuts-") as d:
+            yield Path(d)
+    else:
+        yield tmp_path / "cuts"
 
 
 def _records(path):
@@ -71,7 +86,7 @@ def _writer_workload(path, rec):
     return want
 
 
-def test_store_commits_survive_power_loss_at_every_instant(tmp_path):
+def test_store_commits_survive_power_loss_at_every_instant(tmp_path, cuts):
     root = tmp_path / "disk"
     root.mkdir()
     with PowerLoss(root) as rec:
@@ -79,7 +94,7 @@ def test_store_commits_survive_power_loss_at_every_instant(tmp_path):
     assert _records(root / "s") == (4, want[4])
     checked = 0
     for k, state in enumerate(rec.states()):
-        d = state.materialize(tmp_path / f"cut{k}")
+        d = state.materialize(cuts / f"cut{k}")
         acked = state.marks - 1  # commit id acknowledged when the cut came (-1: create() unfinished)
         where = f"power cut after {state.label!r} (acknowledged commit {acked})"
         if acked < 0 and not (d / "s" / "meta.json").exists():
@@ -98,7 +113,7 @@ def test_store_commits_survive_power_loss_at_every_instant(tmp_path):
     assert checked > 100  # the workload really was cut at many instants
 
 
-def test_pinned_manifest_survives_power_loss_at_every_instant(tmp_path):
+def test_pinned_manifest_survives_power_loss_at_every_instant(tmp_path, cuts):
     root = tmp_path / "disk"
     root.mkdir()
     m1 = Manifest.from_objects([("a/x.jpg", 10, "e1", 5), ("b/y.jpg", 20, "e2", 6)])
@@ -112,7 +127,7 @@ def test_pinned_manifest_survives_power_loss_at_every_instant(tmp_path):
         ms.publish("sha256_base", h2, base="s3://bkt/base/")
         rec.mark()
     for k, state in enumerate(rec.states()):
-        d = state.materialize(tmp_path / f"cut{k}")
+        d = state.materialize(cuts / f"cut{k}")
         where = f"power cut after {state.label!r}"
         ms = ManifestStore(d / "m")
         pinned = ms.current("sha256_base")
@@ -123,7 +138,8 @@ def test_pinned_manifest_survives_power_loss_at_every_instant(tmp_path):
             assert got.keys == (m1 if pinned == h1 else m2).keys, where
 
 
-def test_byte_cache_returns_whole_entries_or_misses_after_power_loss(tmp_path, monkeypatch):
+def test_byte_cache_returns_whole_entries_or_misses_after_power_loss(tmp_path, cuts,
+                                                                    monkeypatch):
     root = tmp_path / "disk"
     root.mkdir()
     blobs = {f"k{i}": bytes([65 + i]) * (300 + 50 * i) for i in range(6)}
@@ -138,7 +154,7 @@ def test_byte_cache_returns_whole_entries_or_misses_after_power_loss(tmp_path, m
     for k, state in enumerate(rec.states()):
         # a power cut is a reboot: a new boot id for every cache opened on what it left
         monkeypatch.setattr(_cache, "_boot_id", lambda n=next(boots): f"boot-after-cut-{n}")
-        d = state.materialize(tmp_path / f"cut{k}")
+        d = state.materialize(cuts / f"cut{k}")
         where = f"power cut after {state.label!r}"
         c = ByteCache(d / "c", max_bytes=cap)
         for key, data in blobs.items():
