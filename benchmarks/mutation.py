@@ -154,8 +154,8 @@ MUTANTS: list[Mutant] = [
     M("loader", "_engine/loader.py", "        self.budget.release(result.nbytes)\n        return result",
       "        return result", "the budget leaks until the loader stalls", T_LOADER),
     M("loader", "_engine/loader.py",
-      "                        self.next_deliver = k + 1\n                        self.space_cv.notify()\n",
-      "                        self.next_deliver = k + 1\n",
+      "                        self.reserved -= result.nbytes\n                        self.space_cv.notify()\n",
+      "                        self.reserved -= result.nbytes\n",
       "a worker waiting on the window is never woken", T_LOADER),
     M("loader", "_engine/loader.py", "                self.end_k = result.k + 1  # nothing after a failed dispatch",
       "                pass", "a failed dispatch's error replaced by a later batch", T_LOADER),
@@ -291,7 +291,8 @@ def main() -> int:
     ap.add_argument("--group", action="append", help="only these groups (repeatable)")
     ap.add_argument("--only", help="only these mutant numbers, e.g. 3,17 (see --list)")
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per test run")
+    ap.add_argument("--timeout", type=float, default=300.0,
+                    help="seconds per test run; a run past it counts as killed (a hang)")
     args = ap.parse_args()
     only = {int(x) for x in args.only.split(",")} if args.only else None
     todo = [m for i, m in enumerate(MUTANTS) if (not args.group or m.group in args.group)

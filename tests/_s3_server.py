@@ -14,6 +14,8 @@ the child exits when its stdin closes).
 * ``500``: answers ``500 InternalError`` itself (S3 asks clients to retry those);
 * ``length``: forwards the request, but the response claims more body bytes (``Content-Length``)
   than it carries, then the connection ends: a body-length mismatch;
+* ``short``: forwards the request, but cuts 100 bytes off the body *and* its ``Content-Length``:
+  a body that looks whole to HTTP (only ``Content-Range`` still tells the real size);
 * ``stall``: holds the request for ``stall_s`` (longer than the client timeout), then closes;
 * ``truncate``: forwards the request but cuts the response after a few bytes.
 * ``flip``: forwards the request and the whole response, with one bit of its body flipped (the
@@ -120,7 +122,7 @@ class MotoS3Server:
 class FaultProxy:
     """A TCP proxy on 127.0.0.1 that injects faults into a seeded fraction of HTTP requests."""
 
-    FAULTS = ("reset", "503", "429", "408", "500", "stall", "truncate", "length")  # "flip": when asked
+    FAULTS = ("reset", "503", "429", "408", "500", "stall", "truncate", "length", "short")  # "flip": when asked
     _ANSWERS = {"503": (b"503 Slow Down", b"SlowDown", b"Please reduce your request rate."),
                 "429": (b"429 Too Many Requests", b"TooManyRequests", b"Rate exceeded."),
                 "500": (b"500 Internal Server Error", b"InternalError",
@@ -189,7 +191,8 @@ class FaultProxy:
             return
         new_request = True
         cut_after: int | None = None
-        overstate: bytes | None = None  # the "length" fault: the response seen so far
+        overstate: bytes | None = None  # the "length"/"short" faults: the response seen so far
+        understate = False
         flip: bytes | None = None  # the "flip" fault: the response so far, until its body starts
         socks = [client, upstream]
         try:
@@ -222,8 +225,9 @@ class FaultProxy:
                                 return
                             if fault == "truncate":
                                 cut_after = self._rng.randrange(50, 4000)
-                            if fault == "length" and data.startswith(b"GET "):
+                            if fault in ("length", "short") and data.startswith(b"GET "):
                                 overstate = b""  # (a HEAD answer has no body to come short)
+                                understate = fault == "short"
                             if fault == "flip":
                                 flip = b""
                         upstream.sendall(data)
@@ -243,14 +247,16 @@ class FaultProxy:
                                 continue
                             lines = [v for v in lines if not v.lower().startswith(
                                 (b"content-length:", b"connection:"))]
-                            lines += [b"Content-Length: " + str(size + 100).encode(),
+                            claim = max(0, size - 100) if understate else size + 100
+                            lines += [b"Content-Length: " + str(claim).encode(),
                                       b"Connection: close"]
                             while len(rest) < size:  # the whole real body, then stop short
                                 more = upstream.recv(65536)
                                 if not more:
                                     break
                                 rest += more
-                            client.sendall(b"\r\n".join(lines) + b"\r\n\r\n" + rest[:size])
+                            body = rest[:min(size, claim)]
+                            client.sendall(b"\r\n".join(lines) + b"\r\n\r\n" + body)
                             client.shutdown(socket.SHUT_WR)  # a clean end, 100 bytes early
                             time.sleep(0.05)
                             return

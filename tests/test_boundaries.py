@@ -119,6 +119,22 @@ def test_a_budget_release_of_more_than_is_held_is_refused():
     assert b.high_water_bytes == 100
 
 
+def test_shares_of_a_mix_together_fill_exactly_the_shared_cap():
+    from headrace._engine.shared_budget import SharedBudget
+
+    sb = SharedBudget(100)
+    a, b = sb.share(20), sb.share(20)  # the pool is the other 60
+    for _ in range(4):  # a's reserve, then the whole pool (one request is at most a reserve)
+        assert a.acquire(20, timeout_s=0.0)
+    assert b.acquire(20, timeout_s=0.0)  # b's reserve is still there
+    assert sb.used_bytes == 100
+    assert not a.acquire(1, timeout_s=0.0) and not b.acquire(1, timeout_s=0.0)
+    assert sb.high_water_bytes == 100
+    a.release(1)
+    assert b.acquire(1, timeout_s=0.0)  # the byte a gave back is the pool's again
+    assert sb.used_bytes == 100
+
+
 def test_a_failed_dispatch_is_raised_at_its_batch_and_nothing_comes_after(tmp_path):
     """Workers racing past a batch whose reservation failed must not deliver later batches in
     its place: the error is batch 2, and the loader stops there."""

@@ -1,4 +1,5 @@
-"""The client retries throttling (429), request timeouts (408), 500s and bodies shorter than announced.
+"""The client retries throttling (429), request timeouts (408), 500s and bodies shorter than announced
+(or cut short together with their Content-Length: only Content-Range then tells).
 
 Each fault comes from the fault proxy in front of a real S3 server (moto on loopback): the first
 requests through it get the fault, then it forwards; the client must return the right bytes.
@@ -33,12 +34,12 @@ def _client(endpoint, bucket, **kw):
     return ObjectStore(bucket, options=S3Options(endpoint=endpoint, **KEYS, **kw))
 
 
-@pytest.mark.parametrize("fault", ["429", "408", "500", "length"])
+@pytest.mark.parametrize("fault", ["429", "408", "500", "length", "short"])
 def test_each_fault_is_retried_and_the_bytes_are_right(server, bucket, fault):
     blob = os.urandom(30_000)
     _client(server.endpoint, bucket).put("o/k.bin", blob)
     for op in ("get", "range", "head"):
-        if op == "head" and fault == "length":
+        if op == "head" and fault in ("length", "short"):
             continue  # a HEAD answer has no body
         proxy = FaultProxy(server.port, rate=0.0, faults=(fault,), fail_requests=range(2))
         try:
@@ -53,6 +54,13 @@ def test_each_fault_is_retried_and_the_bytes_are_right(server, bucket, fault):
             assert c.retries == 2, op
         finally:
             proxy.close()
+
+
+def test_an_empty_object_reads_as_empty(server, bucket):
+    c = _client(server.endpoint, bucket)
+    c.put("empty", b"")
+    data, info = c.get("empty")
+    assert data == b"" and info.size == 0 and c.retries == 0
 
 
 @pytest.mark.parametrize("fault", ["429", "408"])

@@ -319,9 +319,18 @@ class ObjectStore:
     def get(self, key: str) -> tuple[bytes, ObjectInfo]:
         """The whole object and what the server said about it (size, ETag) when it sent it."""
         import obstore
+        from obstore import exceptions as ox
 
         def fetch(client: Any) -> tuple[bytes, ObjectInfo]:
-            res = obstore.get(client, key)
+            # Asked as the range "from byte 0": the answer then states the object's size in
+            # Content-Range apart from the body's Content-Length, so a body cut short together
+            # with its Content-Length (a proxy, a dropped connection) is still seen as short.
+            try:
+                res = obstore.get(client, key, options={"range": {"offset": 0}})
+            except ox.GenericError as e:
+                if _status(e) != 416:
+                    raise
+                res = obstore.get(client, key)  # an empty object has no byte 0 to range from
             data = bytes(res.bytes())
             info = _info(res.meta)
             if len(data) != info.size:
