@@ -232,6 +232,25 @@ def test_a_field_listed_twice_is_damage(tmp_path):
         headrace.open(tmp_path / "s")
 
 
+def test_a_commit_cuts_index_and_aux_files_to_exactly_its_length(tmp_path):
+    """Step 1 of the commit protocol (docs/format.md): the working index/aux files are truncated
+    to the pending N entries, so nothing stale survives past the length after a delete."""
+    path = tmp_path / "s"
+    with headrace.create(path, fields={"b": "bytes"}) as w:
+        w.append({"b": [b"x%d" % i for i in range(5)]})
+    for step in ("delete committed", "delete pending"):
+        with headrace.open(path, mode="a") as w:
+            if step == "delete pending":  # no copy-on-write: the same files stay in use
+                w.append({"b": [b"new", b"newer"]})
+                w.delete(len(w) - 1)
+            else:
+                w.delete(0)
+        meta = json.loads((path / "meta.json").read_text())
+        (field,) = meta["fields"]
+        assert (path / field["index"]).stat().st_size == 16 * meta["length"], step
+        assert (path / field["aux"]).stat().st_size == 8 * meta["length"], step
+
+
 def test_fixed_shape_raw_chunks_fill_to_exactly_their_capacity(tmp_path):
     rec = 64 << 10  # 32 records make one 2 MiB chunk
     with headrace.create(tmp_path / "s", fields={"a": {"dtype": "uint8", "shape": [rec]}},
@@ -263,6 +282,7 @@ def test_swrr_after_a_drop_splits_by_the_remaining_weights_only():
     s = SmoothRoundRobin([3, 1, 4])
     s.sequence(5)
     s.deactivate(2)
+    assert s.current[2] == 0  # its credit is forgotten (the mix's token carries it)
     credit = s.current[0] + s.current[1]
     picks = s.sequence(400)
     assert picks.count(0) == 300 and picks.count(1) == 100
