@@ -157,12 +157,9 @@ def test_set_epoch_rewinds_and_a_finished_loader_says_so(kind: Kind, data: Data)
 
 def _mixed(kind: Kind, data: Data, policy: str, resume: Any = None) -> Any:
     """Two loaders of ``kind`` (other seeds) in a mix, 2:1, on one shared byte budget that holds
-    a few batches of each (a mix as a source keeps its own budget: the outer one cannot split
-    it)."""
+    a few batches of each (a mix as a source splits its share among its own sources)."""
     sources = [kind.make(data, seed=1), kind.make(data, seed=2)]
-    cap = None
-    if not isinstance(sources[0], headrace.MixedLoader):
-        cap = 3 * sum(s._batch_need() for s in sources)
+    cap = 3 * sum(s._batch_need() for s in sources)
     return headrace.mix(sources, weights=[2, 1], on_source_exhausted=policy, inflight=cap,
                         resume=resume)
 
@@ -198,10 +195,8 @@ def test_mix_of_the_kind_shares_one_budget_and_resumes_exactly(kind: Kind, data:
         assert len(ref) == 2 * per_source and s["mix_source_exhausted_total"] == [1, 1]
     else:
         assert raised and len(ref) < 2 * per_source
-    if s["mix_shared_budget"]:
-        assert 0 < s["mix_inflight_high_water_bytes"] <= s["mix_shared_max_inflight_bytes"]
-    else:
-        assert kind.name.startswith("mix"), f"{kind}: the sources keep their own caps"
+    assert s["mix_shared_budget"], f"{kind}: the sources keep their own caps"
+    assert 0 < s["mix_inflight_high_water_bytes"] <= s["mix_shared_max_inflight_bytes"]
     for stop in sorted({1, len(ref) // 2}):
         with _mixed(kind, data, policy) as first:
             head, _ = _read_until_error(first, stop)

@@ -461,13 +461,53 @@ def test_a_source_with_nothing_to_yield_is_an_error_not_a_spin(tmp_path):
             iter(m)
 
 
+class _Foreign:
+    """A loader-like object of the user's: the mix contract, but no way onto a shared budget."""
+
+    def __init__(self, loader):
+        self.loader, self.batch_size = loader, loader.batch_size
+
+    def __next__(self):
+        return next(self.loader)
+
+    def state_dict(self):
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state):
+        self.loader.load_state_dict(state)
+
+    def stats(self):
+        return self.loader.stats()
+
+    def close(self):
+        self.loader.close()
+
+
 def test_a_source_that_cannot_share_the_budget_is_named():
-    inner = mix([_loader(0), _loader(1)])
-    with pytest.raises(ConfigError, match="cannot cap source 0"):
-        mix([inner, _loader(2)], inflight=1 << 20)
-    with mix([inner, _loader(2)]) as m:  # without a cap each keeps its own
+    with pytest.raises(ConfigError, match="cannot cap source 0 \\(a _Foreign\\)"):
+        mix([_Foreign(_loader(0)), _loader(2)], inflight=1 << 20)
+    with mix([_Foreign(_loader(0)), _loader(2)]) as m:  # without a cap each keeps its own
         assert not m.stats()["mix_shared_budget"]
         assert len(_drain(m, 4)) == 4
+
+
+def test_a_mix_as_a_source_splits_its_share_of_the_outer_budget():
+    inner = mix([_loader(0, threads=2, prefetch=4), _loader(1, threads=2, prefetch=4)],
+                on_source_exhausted="drop")
+    need = inner._batch_need()
+    assert need == 2 * 5 * 8  # a batch of each of its two sources (5 int64 records)
+    outer = mix([inner, _loader(2)], weights=[2, 1], inflight=8 * need,
+                on_source_exhausted="drop")
+    block = inner.shared_max_inflight_bytes
+    assert outer.budget.shares[0].reserve_bytes == block  # the inner mix's guaranteed reserve
+    assert inner.budget is not None and inner.budget.cap_bytes == block
+    with outer:
+        got = _drain(outer)
+        assert outer.budget.high_water_bytes <= 8 * need
+        assert inner.budget.high_water_bytes <= block
+    assert sorted(v for b in got for v in b) == sorted(
+        [*range(100), *range(OFF, OFF + 100), *range(2 * OFF, 2 * OFF + 100)])
+    assert outer.budget.used_bytes == 0  # the block came back at close
 
 
 def test_stats_are_measured():

@@ -143,6 +143,7 @@ class MixedLoader(TimelineMixin):
         # counters of the sources that restart dropped (a restarted engine counts from zero)
         self.retired = dict.fromkeys(SUMMED_COUNTERS, 0.0)
         self._restarted_empty = [False] * len(self._unique)  # restarted, nothing delivered since
+        self._upstream: tuple[Any, int] | None = None  # (outer mix's share, bytes held), see below
         # The epoch the mix last rewound each source to (None: never). A token at the very end
         # of an epoch reads "finished that epoch" or "at the start of the next" depending on the
         # epochs the source was set to read, so a restore first puts the source at this epoch.
@@ -180,6 +181,41 @@ class MixedLoader(TimelineMixin):
         for s, share in zip(self._unique, shares, strict=True):
             s._use_budget(share)
         self.budget = shares[0].parent
+
+    def _batch_need(self) -> int:
+        """Bytes one batch of every source reserves together: what this mix, as a source of
+        another mix, needs guaranteed so that each of its sources can deliver its next batch."""
+        missing = [i for i, s in enumerate(self.sources)
+                   if not callable(getattr(s, "_batch_need", None))]
+        if missing:
+            return 0  # _use_budget names the source that cannot share
+        return sum(int(s._batch_need()) for s in self._unique)
+
+    def _use_budget(self, budget: Any) -> None:
+        """Reserve from ``budget`` (this mix's share of an outer mix's budget), in place.
+
+        The share's guaranteed reserve is taken as one block, held until ``close()``, and split
+        among this mix's own sources as its shared budget: every source keeps a guaranteed part
+        of it (so the inner schedule cannot deadlock either), and the outer budget counts the
+        whole block as in use.
+        """
+        cap = int(getattr(budget, "reserve_bytes", budget.cap_bytes))
+        if not budget.acquire(cap, timeout_s=0.0):
+            raise ConfigError(f"a mix used as a source could not take its {cap}-byte share of "
+                              "the outer mix's budget; give the outer mix a larger inflight cap")
+        try:
+            self._share_budget(cap, explicit=True)
+        except BaseException:
+            budget.release(cap)
+            raise
+        self._release_upstream()
+        self._upstream = (budget, cap)
+        self.shared_max_inflight_bytes = cap
+
+    def _release_upstream(self) -> None:
+        upstream, self._upstream = getattr(self, "_upstream", None), None
+        if upstream is not None:
+            upstream[0].release(upstream[1])
 
     @property
     def epoch(self) -> int:
@@ -475,6 +511,7 @@ class MixedLoader(TimelineMixin):
             close = getattr(s, "close", None)
             if callable(close):
                 close()
+        self._release_upstream()  # the block of an outer mix's budget this mix held
 
     def __enter__(self) -> MixedLoader:
         return self
