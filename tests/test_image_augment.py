@@ -49,12 +49,12 @@ def test_random_resized_crop_follows_torchvision_bounds():
     assert tall[0].box == (37, 0, 25, 100)
 
 
-def test_eval_crop_is_resize_256_centre_224_as_one_box():
+def test_eval_crop_is_resize_256_then_centre_224():
     spec = ImageSpec.from_kwargs(augment="eval")
     assert spec.eval_crop == (224, 224) and spec.mean == IMAGENET_MEAN
     (p,) = plan_batch(spec, 0, 0, np.arange(1), [(300, 400)])
-    assert p.box == (19, 69, 262, 262)  # 300 * 0.875 = 262.5 -> a centred 262 px square
-    assert p.size == (224, 224) and not p.flip
+    assert p.window and p.box is None  # the whole image resized, then the window cut
+    assert p.size == (256, 341) and p.post == (16, 58, 224, 224) and not p.flip
 
 
 def test_resize_then_crop_keeps_mx8_semantics():

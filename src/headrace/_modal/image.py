@@ -38,7 +38,7 @@ from headrace._engine.lifecycle import (
 from headrace._engine.loader import BatchPlan, Loader, resolve_order
 from headrace._engine.timeline import timeline_period
 from headrace._modal.image_augment import ImageSpec, finish, plan_batch
-from headrace._modal.image_decode import decode, image_size
+from headrace._modal.image_decode import decode, decode_window, image_size
 from headrace._sources.images import ImageRecords, open_image_records
 
 __all__ = ["ImageLoader", "image"]
@@ -115,10 +115,18 @@ class _Decoder:
                         f"{sizes[j][0]}x{sizes[j][1]} but the batch shape is "
                         f"{ld.native_hw[0]}x{ld.native_hw[1]}; pass resize=(H, W) (or a crop) so "
                         "every image comes out the same size")
-                simple = direct and plan.post is None and not plan.flip and plan.jitter is None
-                img = decode(buf, box=plan.box, size=plan.size, out=out[k] if simple else None,
-                             interpolation=spec.interpolation, dct_scale=spec.dct_scale,
-                             fast=spec.fast)
+                simple = direct and (plan.post is None or plan.window) and not plan.flip \
+                    and plan.jitter is None
+                if plan.window:
+                    assert plan.size is not None and plan.post is not None
+                    img = decode_window(buf, resized=plan.size, window=plan.post,
+                                        out=out[k] if simple else None,
+                                        dct_scale=spec.dct_scale, fast=spec.fast)
+                else:
+                    img = decode(buf, box=plan.box, size=plan.size,
+                                 out=out[k] if simple else None,
+                                 interpolation=spec.interpolation, dct_scale=spec.dct_scale,
+                                 fast=spec.fast)
                 if not simple:
                     finish(spec, img, plan, out[k])
             except DecodeError as e:
@@ -238,6 +246,7 @@ class ImageLoader(LoaderWrapper):
         spec = ImageSpec.from_kwargs(
             augment=o["augment"], resize=o["resize"], crop=o["crop"],
             center_crop=o["center_crop"], random_resized_crop=o["random_resized_crop"],
+            eval_crop=o["eval_crop"], crop_fraction=o["crop_fraction"],
             scale=o["scale"], ratio=o["ratio"], flip_p=o["flip_p"],
             jitter_brightness=o["jitter_brightness"], jitter_contrast=o["jitter_contrast"],
             jitter_saturation=o["jitter_saturation"], jitter_hue=o["jitter_hue"],
@@ -602,6 +611,7 @@ def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | Non
           augment: str | None = None, resize: tuple[int, int] | None = None,
           crop: tuple[int, int] | None = None, center_crop: tuple[int, int] | None = None,
           random_resized_crop: tuple[int, int] | None = None,
+          eval_crop: tuple[int, int] | None = None, crop_fraction: float | None = None,
           scale: tuple[float, float] = (0.08, 1.0),
           ratio: tuple[float, float] = (3 / 4, 4 / 3), flip_p: float | None = None,
           jitter_brightness: float | None = None, jitter_contrast: float | None = None,
@@ -647,6 +657,9 @@ def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | Non
             resized image when ``resize`` is given, else of the source). ``center_crop``: the
             same, centred.
         random_resized_crop, scale, ratio: torchvision's RandomResizedCrop to ``(H, W)``.
+        eval_crop, crop_fraction: the evaluation path (what ``augment="eval"`` sets): shorter
+            side to ``floor(size / crop_fraction)`` (default 0.875: 224 -> 256), centre crop
+            ``(H, W)``; torchvision's ``Resize`` + ``CenterCrop`` on PIL images, same pixels.
         flip_p: horizontal flip probability.
         jitter_brightness, jitter_contrast, jitter_saturation, jitter_hue: ColorJitter amounts
             (hue in [0, 0.5]).

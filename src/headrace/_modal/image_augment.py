@@ -26,8 +26,8 @@ import numpy as np
 from headrace._base.errors import ConfigError
 from headrace._modal.image_decode import Box, Interpolation
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "ImageSpec", "Plan", "finish", "plan_batch",
-           "uniforms"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "ImageSpec", "Plan", "eval_resized", "finish",
+           "plan_batch", "uniforms"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -97,8 +97,9 @@ class ImageSpec:
       semantics (the whole image is resized, aspect ratio not kept, then a window is cut).
       ``crop``/``center_crop`` without ``resize`` cut the window from the source image.
     * ``random_resized_crop=(H, W)`` with ``scale``/``ratio``: torchvision's RandomResizedCrop.
-    * ``eval_crop=(H, W)``: the evaluation path, shorter side resized to ``size / crop_fraction``
-      then centre-cropped (torchvision ``Resize(256)`` + ``CenterCrop(224)``), done as one crop box.
+    * ``eval_crop=(H, W)``: the evaluation path, shorter side resized to
+      ``floor(size / crop_fraction)`` then centre-cropped, as torchvision's ``Resize(256)`` +
+      ``CenterCrop(224)`` on PIL images (same rounding, same filter; see :func:`eval_resized`).
 
     Pixels: ``flip_p`` (horizontal), ``jitter_*`` (applied in the fixed order brightness, contrast,
     saturation, hue; factors as torchvision's ColorJitter), then ``float_out`` (``/255``),
@@ -240,6 +241,25 @@ class Plan:
     post: Box | None
     flip: bool
     jitter: tuple[float, float, float, float] | None
+    # True: the whole image is resized to ``size`` with Pillow's antialiased filter and ``post``
+    # is that resize's window (``decode_window`` computes only the window's pixels)
+    window: bool = False
+
+
+def eval_resized(spec: ImageSpec, hw: tuple[int, int]) -> tuple[int, int]:
+    """The (h, w) the eval path resizes an ``hw`` image to before its centre crop.
+
+    torchvision ``Resize(S)`` with timm's ``S = floor(size / crop_fraction)``: the shorter side
+    becomes ``S`` and the longer ``int(S * long / short)`` (truncated, as torchvision does). A
+    non-square ``eval_crop`` takes ``S`` from its larger side and keeps the aspect ratio (timm
+    would resize to ``floor(h / f) x floor(w / f)``, distorting the image).
+    """
+    assert spec.eval_crop is not None
+    s = math.floor(max(spec.eval_crop) / spec.crop_fraction)
+    h, w = hw
+    short, long = (h, w) if h <= w else (w, h)
+    new_long = int(s * long / short)
+    return (s, new_long) if h <= w else (new_long, s)
 
 
 def _rrc_boxes(spec: ImageSpec, hw: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -294,17 +314,15 @@ def plan_batch(spec: ImageSpec, seed: int, epoch: int, ids: np.ndarray,
     flips = u[:, _S_FLIP] < spec.flip_p
     boxes: list[Box | None] = [None] * n
     posts: list[Box | None] = [None] * n
+    resized: list[tuple[int, int]] = []
     size: tuple[int, int] | None = spec.out_hw
     win = spec.crop or spec.center_crop
     if spec.random_resized_crop is not None:
         rrc = _rrc_boxes(spec, hw, u)
         boxes = [tuple(int(x) for x in b) for b in rrc]  # type: ignore[misc]
     elif spec.eval_crop is not None:
-        oh, ow = spec.eval_crop
-        for i, (h, w) in enumerate(hw.tolist()):
-            f = min(h, w) * spec.crop_fraction / max(oh, ow)  # source px per output px
-            boxes[i] = _window(0.5, 0.5, (h, w), (max(1, round(oh * f)), max(1, round(ow * f))),
-                               True)
+        resized = [eval_resized(spec, (h, w)) for h, w in hw.tolist()]
+        posts = [_window(0.5, 0.5, rs, spec.eval_crop, True) for rs in resized]
     elif win is not None and spec.resize is not None:
         size = spec.resize
         for i in range(n):
@@ -324,6 +342,9 @@ def plan_batch(spec: ImageSpec, seed: int, epoch: int, ids: np.ndarray,
         s = factor(_S_SAT, spec.jitter_saturation)
         hh = (2.0 * u[:, _S_HUE] - 1.0) * spec.jitter_hue
         jit = [(float(b[i]), float(c[i]), float(s[i]), float(hh[i])) for i in range(n)]
+    if spec.eval_crop is not None:
+        return [Plan(None, resized[i], posts[i], bool(flips[i]), jit[i], window=True)
+                for i in range(n)]
     return [Plan(boxes[i], size, posts[i], bool(flips[i]), jit[i]) for i in range(n)]
 
 
@@ -356,7 +377,7 @@ def _jitter(img: np.ndarray, f: tuple[float, float, float, float]) -> np.ndarray
 def finish(spec: ImageSpec, img: np.ndarray, plan: Plan, out: np.ndarray) -> None:
     """Cuts ``plan.post``, flips, jitters, scales and lays out ``img`` (HWC uint8) into ``out``
     (one slot of the batch: HWC or CHW, uint8 or float32)."""
-    if plan.post is not None:
+    if plan.post is not None and not plan.window:
         t, le, ph, pw = plan.post
         img = img[t:t + ph, le:le + pw]
     if plan.flip:

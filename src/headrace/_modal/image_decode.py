@@ -35,7 +35,8 @@ from PIL import Image
 
 from headrace._base.errors import DecodeError
 
-__all__ = ["Box", "Buffer", "dct_factor", "decode", "image_size", "resize_into", "sniff"]
+__all__ = ["Box", "Buffer", "dct_factor", "decode", "decode_window", "image_size", "resize_into",
+           "sniff"]
 
 Interpolation = Literal["auto", "area", "linear"]
 Box = tuple[int, int, int, int]  # (top, left, height, width) in source pixels
@@ -51,6 +52,11 @@ _MAGIC: tuple[tuple[bytes, int, str], ...] = (
     (b"MM\x00*", 0, "tiff"),
 )
 _DCT_FACTORS = (8, 4, 2)
+# decode_window decodes at 1/k only while Pillow's filter still shrinks the decode by this much
+# more: DCT scaling is a different low-pass than Pillow's triangle filter. On photographs (and
+# rotated crops of them) the mean difference from a full-size decode is under 0.01 grey levels
+# past 5x, up to 1.2 levels at 3-4x and 1-4 levels below.
+_WINDOW_MIN_REST = 5.0
 
 
 def sniff(buf: Buffer) -> str:
@@ -279,3 +285,42 @@ def decode(buf: Buffer, *, box: Box | None = None,
             return out
         return np.ascontiguousarray(view)
     return resize_into(view, size, out=out, interpolation=interpolation)
+
+
+def decode_window(buf: Buffer, *, resized: tuple[int, int], window: Box,
+                  out: np.ndarray | None = None, dct_scale: bool = True,
+                  fast: bool = False) -> np.ndarray:
+    """The ``window`` (top, left, h, w) of the image resized to ``resized`` (h, w) with Pillow's
+    antialiased bilinear filter: what torchvision's ``Resize`` + ``CenterCrop`` give on a PIL
+    image, pixel for pixel, computing only the window's pixels.
+
+    Pillow's ``resize(box=...)`` places each output pixel's filter exactly where the whole-image
+    resize would (and clamps it at the image's edges, not the box's), so resizing the matching
+    source box equals resizing everything and cropping. A JPEG is decoded at 1/2, 1/4 or 1/8 only
+    when the filter still shrinks that decode by ``_WINDOW_MIN_REST`` or more.
+    """
+    mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) or buf.format != "B" \
+        else buf
+    if len(mv) == 0:
+        raise DecodeError("empty image payload (0 bytes)")
+    top, left, wh, ww = window
+    rh, rw = resized
+    if top < 0 or left < 0 or top + wh > rh or left + ww > rw:
+        raise ValueError(f"window {window} does not fit the resized {rh}x{rw} image")
+    hint = (math.ceil(rh * _WINDOW_MIN_REST), math.ceil(rw * _WINDOW_MIN_REST)) \
+        if dct_scale else None
+    arr, _, _ = _decode_full(mv, None, hint, fast)
+    if arr.ndim == 2:
+        arr = np.repeat(arr[:, :, None], 3, axis=2)
+    dh, dw = arr.shape[:2]
+    if (dh, dw) == (rh, rw):
+        img = arr[top:top + wh, left:left + ww]
+    else:
+        sy, sx = dh / rh, dw / rw
+        box = (left * sx, top * sy, (left + ww) * sx, (top + wh) * sy)
+        img = np.asarray(Image.fromarray(np.ascontiguousarray(arr)).resize(
+            (ww, wh), Image.Resampling.BILINEAR, box=box))
+    if out is None:
+        return np.ascontiguousarray(img)
+    out[...] = img
+    return out
