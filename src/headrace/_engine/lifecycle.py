@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Self
 import numpy as np
 
 from headrace._base.errors import ConfigError, DecodeError, LoaderError
+from headrace._engine.seeds import SeededUser
 from headrace._engine.timeline import TimelineMixin
 
 if TYPE_CHECKING:
@@ -108,28 +109,33 @@ class ClosingMixin:
 class ThenTransform:
     """A decoding transform followed by the user's ``transform(batch, ids)``, in the workers.
 
+    A user transform that declares ``rng`` / ``seeds`` gets them keyed by ``(seed, epoch, id)``
+    of the ids it is given (``_engine.seeds``).
+
     The user's function sees the batch exactly as the loader yields it (``finish`` builds that
     from the decoded dict: a tuple, torch tensors, ...) and what it returns is what the loader
     yields: the wrapper's ``next()`` hands out ``batch[YIELD_KEY]``. A batch whose records all
     failed is left alone (it is never yielded). Holds no reference to the loader object.
     """
 
+    takes_epoch = True  # the engine passes the batch's epoch: the user's seeds need it
+
     def __init__(self, decode: Callable[[Any, np.ndarray], dict[str, Any]] | None,
-                 finish: Callable[[dict[str, Any]], Any], user: Callable[[Any, np.ndarray], Any],
-                 ids_key: str) -> None:
+                 finish: Callable[[dict[str, Any]], Any], user: Callable[..., Any],
+                 ids_key: str, seed: int = 0) -> None:
         if not callable(user):
             raise ConfigError(f"transform must be a function (batch, ids) -> batch, got {user!r}")
         self.decode = decode
         self.finish = finish
-        self.user = user
+        self.user = SeededUser(user, seed)
         self.ids_key = ids_key
 
-    def __call__(self, batch: Any, ids: np.ndarray) -> dict[str, Any]:
+    def __call__(self, batch: Any, ids: np.ndarray, epoch: int = 0) -> dict[str, Any]:
         b = batch if self.decode is None else self.decode(batch, ids)
         if len(b[self.ids_key]) == 0:
             return b
         out = dict(b)
-        out[YIELD_KEY] = self.user(self.finish(b), np.asarray(b[self.ids_key]).copy())
+        out[YIELD_KEY] = self.user(self.finish(b), np.asarray(b[self.ids_key]).copy(), epoch)
         return out
 
 

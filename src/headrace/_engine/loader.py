@@ -44,6 +44,7 @@ from headrace._engine.budget import ByteBudget
 from headrace._engine.config import Constraints, ResolvedConfig, RuntimeConfig, resolve_config
 from headrace._engine.keywords import checked
 from headrace._engine.launcher import resolve as resolve_launch
+from headrace._engine.seeds import SeededUser, wanted
 from headrace._engine.stats import LoaderCounters, print_line
 from headrace._engine.timeline import Recorder
 from headrace._order.byte_plan import BytePlan
@@ -73,6 +74,7 @@ class _Result:
     error: BaseException | None = None
     where: str = "worker"
     retry: bool = False  # the consumer was interrupted gathering it: gather it again
+    epoch: int = 0  # the epoch of the batch's first sample (for a transform that takes it)
 
 
 class _Engine:
@@ -87,11 +89,15 @@ class _Engine:
 
     def __init__(self, *, source: Source, order: Order | None, offset: int, steps: Iterator[Step],
                  transform: Transform | None, transform_nbytes: Callable[[int], int] | None,
-                 cfg: ResolvedConfig, budget: ByteBudget, counters: LoaderCounters) -> None:
+                 cfg: ResolvedConfig, budget: ByteBudget, counters: LoaderCounters,
+                 length: int = 0) -> None:
         self.source = source
         self.order = order
         self.offset = offset
         self.transform = transform
+        # a seeded user transform (``_engine.seeds``) is called with the batch's epoch
+        self.takes_epoch = bool(getattr(transform, "takes_epoch", False))
+        self.length = length
         self.transform_nbytes = transform_nbytes
         self.cfg = cfg
         self.window = cfg.window_batches
@@ -214,7 +220,8 @@ class _Engine:
         with self.lock:
             self.next_dispatch = k + 1
             self.reserved += nbytes
-        return _Result(k, ids, nbytes, step.after)
+        epoch = step.start // self.length if self.length else 0
+        return _Result(k, ids, nbytes, step.after, epoch=epoch)
 
     # -- workers ---------------------------------------------------------------------------------
 
@@ -249,7 +256,10 @@ class _Engine:
                 task.where = "transform"
                 # the transform is user code that may keep or edit its ids (e.g. put them in the
                 # batch): it gets its own writable copy, not the order's shared read-only block
-                batch = self.transform(batch, task.ids.copy())
+                if self.takes_epoch:
+                    batch = self.transform(batch, task.ids.copy(), task.epoch)  # type: ignore[call-arg]
+                else:
+                    batch = self.transform(batch, task.ids.copy())
                 busy[1] += time.monotonic() - t1
             task.batch = batch
         except BaseException as e:
@@ -473,6 +483,9 @@ class Loader:
         transform: ``fn(batch, ids) -> batch`` (``ids``: the batch's record ids, an int64 array
             of its own), runs in worker threads (or in the consumer's,
             when it gathers a batch itself instead of waiting; see ``docs/memory.md``).
+            A transform that declares ``rng`` and/or ``seeds`` parameters also gets a
+            ``numpy.random.Generator`` / one ``uint64`` per record, a pure function of
+            ``(seed, epoch, record id)``: random augmentations replay exactly on resume.
         transform_nbytes: ``fn(n_records) -> bytes`` the transform allocates (counted in the cap).
         threads: worker threads (default: cores, 2..8).
         inflight, ram_gb, queue, prefetch, profile, constraints, runtime: memory and queue knobs,
@@ -587,6 +600,9 @@ class Loader:
         self._first_epoch = first_epoch
         self._end_epoch = None if epochs is None else first_epoch + epochs
         self._position = first_epoch * n
+        if transform is not None and not getattr(transform, "takes_epoch", False) and \
+                wanted(transform):
+            transform = SeededUser(transform, self.seed)
         self._transform = transform
         self._transform_nbytes = transform_nbytes
         self._order = make_order(self._mode, n, seed=self.seed) if n else None
@@ -650,7 +666,8 @@ class Loader:
         self._engine = _Engine(source=self.source, order=self._order, offset=self._range[0],
                                steps=self._plan.steps(), transform=self._transform,
                                transform_nbytes=self._transform_nbytes, cfg=self._cfg,
-                               budget=self._budget, counters=self._counters)
+                               budget=self._budget, counters=self._counters,
+                               length=self.length)
         self._finalizer = weakref.finalize(self, _finalize, self._engine, self.source,
                                            self._owns_source)
 

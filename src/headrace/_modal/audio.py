@@ -169,7 +169,7 @@ class AudioLoader(SingleLoaderWrapper):
         decoder: Any = _Decoder(self._job)
         if transform is not None:
             decoder = ThenTransform(decoder, partial(_finish, self.to_torch, self.as_dict),
-                                    transform, "ids")
+                                    transform, "ids", seed=seed)
         try:
             self._inner = Loader(_LabelSource(self.files), batch=batch, order=order, seed=seed,
                                  epoch=epoch, epochs=epochs, drop_last=drop_last,

@@ -342,7 +342,7 @@ class ImageLoader(LoaderWrapper):
         if self._user_transform is None:
             return decoder
         return ThenTransform(decoder, partial(_finish, self.to_torch), self._user_transform,
-                             "ids")
+                             "ids", seed=self.seed)
 
     def _open_epoch(self, e: int, token: bytes | None) -> Loader:
         ld = Loader(self._source, epoch=e, epochs=1, transform=self._transform(e), resume=token,

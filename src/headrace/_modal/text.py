@@ -54,6 +54,7 @@ from headrace._engine.loader import Loader, resolve_order
 from headrace._engine.timeline import TimelineMixin, timeline_period
 from headrace._pack.text import TEXT_ATTR, is_mx8_pack, is_store_like, pack_text
 from headrace._pack.tokenizer import as_tokenizer
+from headrace._sources.tokens import TokenWindows, is_token_array, open_tokens, out_dtype, rows_out
 from headrace._store.fingerprint import store_fingerprint
 from headrace._store.snapshot import fetch
 
@@ -83,8 +84,11 @@ class WindowSource:
 
     def __init__(self, store: Any, *, field: str, packing: str, seq_len: int, stride: int,
                  add_bos: bool, add_eos: bool, bos_id: int, eos_id: int, pad_id: int,
-                 drop_last: bool, return_mask: bool, truncate: str) -> None:
+                 drop_last: bool, return_mask: bool, truncate: str, targets: bool = False,
+                 out_dtype: np.dtype[Any] = np.dtype(np.int32)) -> None:
         self.store = store
+        self.targets = targets
+        self.out_dtype = out_dtype
         self.field = field
         self.packing = packing
         self.seq_len = seq_len
@@ -135,6 +139,8 @@ class WindowSource:
 
     def nbytes(self, ids: np.ndarray) -> int:
         per_row = self.seq_len * (4 + (1 if self.return_mask else 0)) + 8
+        if self.targets or self.out_dtype != np.int32:  # the shaped copies, beside the rows
+            per_row += self.seq_len * self.out_dtype.itemsize * (2 if self.targets else 1)
         return len(ids) * per_row
 
     def spans(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -206,7 +212,9 @@ class WindowSource:
             for r, used in zip(np.flatnonzero(b - a < L).tolist(),
                                (b - a)[b - a < L].tolist(), strict=True):
                 mask[r, used:] = False  # only partial rows (rare) need a loop
-        return {"tokens": out, "mask": mask, "doc_ids": d0.astype(np.int64)}
+        shaped = rows_out(out, mask, targets=self.targets, dtype=self.out_dtype)
+        shaped["doc_ids"] = d0.astype(np.int64)
+        return shaped
 
     def _locate(self, doc: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
         """For each entry of ``doc``: an array holding that document's tokens and the element
@@ -343,7 +351,8 @@ class TextLoader(InnerState, TimelineMixin):
     @property
     def windows(self) -> int | None:
         """Windows (rows) in one epoch; ``None`` with ``stream=True`` (known only once read)."""
-        return len(self.source) if isinstance(self.source, WindowSource) else None
+        return len(self.source) if isinstance(self.source, WindowSource | TokenWindows) \
+            else None
 
     @property
     def documents(self) -> int:
@@ -375,12 +384,12 @@ class TextLoader(InnerState, TimelineMixin):
                 if isinstance(cause, DecodeError | ConfigError):  # stream=True: the user's error
                     raise cause.with_traceback(None) from e
                 raise
-            if len(batch["tokens"]):
+            if len(_rows(batch)):
                 break
             # stream=True: a batch whose documents were all skipped is not delivered
             self._streak.empty(len(self._loader.last_ids))
         self._streak.full()
-        self._tokens += int(batch["tokens"].size)
+        self._tokens += int(_rows(batch).size)
         self._tick_timeline()
         if YIELD_KEY in batch:
             return batch[YIELD_KEY]
@@ -427,6 +436,11 @@ class TextLoader(InnerState, TimelineMixin):
         return (f"TextLoader({self._path!r}, packing={self.source.packing!r}, "
                 f"seq_len={self.sequence_length}, stride={self.stride}, "
                 f"batch={self.batch_size}, windows={self.windows})")
+
+
+def _rows(batch: dict[str, Any]) -> Any:
+    """The rows of a batch (``inputs`` with ``targets=True``)."""
+    return batch["tokens"] if "tokens" in batch else batch["inputs"]
 
 
 def _finish(to_torch: bool, batch: dict[str, Any]) -> dict[str, Any]:
@@ -522,8 +536,17 @@ def _open_tokens(data: Any, *, field: str, tokenizer: Any, text_key: str, txt_mo
         return store, None, dict(store.attrs.get(TEXT_ATTR, {}))
     if store is not None:
         spec = store.fields.get(text_key)
+        tok = store.fields.get(field)
         if store is not data:
             store.close()
+        if tok is not None and spec is None:
+            shape = "ragged" if tok.shape is None else f"shape {list(tok.shape)}"
+            raise ConfigError(
+                f"field {field!r} of {os.fspath(getattr(data, 'path', data))} is {tok.dtype} "
+                f"({shape}); a token field holds one variable-length integer array per document "
+                f"(int16/int32/int64, ragged): create(path, fields={{{field!r}: {{'dtype': "
+                "'int32', 'shape': None}}) or headrace.pack_text; a flat token array can be "
+                "read as it is: text(tokens_array) or text('train.bin', dtype='uint16')")
         if spec is None:
             raise ConfigError(f"store {os.fspath(getattr(data, 'path', data))} has neither a "
                               f"token field {field!r} nor a text field {text_key!r}; pass "
@@ -582,19 +605,25 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
          constraints: Any = None, runtime: Any = None, rank: int | None = None,
          world_size: int | None = None,
          resume: bytes | None = None, timeline: bool | float = False, transform: Any = None,
-         **options: Any) -> TextLoader:
+         dtype: Any = None, tokens_dtype: Any = "int32", targets: bool = False,
+         windows: str = "strided", **options: Any) -> TextLoader:
     """Token windows ``(batch, seq_len)`` for language-model training, deterministic and resumable.
 
     Example::
 
         headrace.pack_text("corpus/", "corpus.hr", tokenizer="tokenizer.json")
-        with headrace.text("corpus.hr", batch=32, seq_len=2049, stride=2048,
-                           shuffle=True, seed=1, epochs=None) as loader:
+        with headrace.text("corpus.hr", batch=32, seq_len=2048, targets=True,
+                           tokens_dtype="int64", shuffle=True, seed=1, epochs=None) as loader:
             for b in loader:
-                x, y = b["tokens"][:, :-1], b["tokens"][:, 1:]
+                x, y = b["inputs"], b["targets"]   # contiguous, shifted by one
+
+        headrace.text("train.bin", dtype="uint16", seq_len=1024, windows="random",
+                      targets=True, tokens_dtype="int64", epochs=None)   # nanoGPT's get_batch
 
     Args:
-        data: a token store made by :func:`headrace.pack_text` (path or ``Store``). Raw text (a
+        data: a token store made by :func:`headrace.pack_text` (path or ``Store``), or a flat
+            token array: a raw ``.bin`` file (with ``dtype=``), a ``.npy`` file, an ndarray or
+            memmap (windows of the stream, ``offsets`` instead of ``doc_ids``). Raw text (a
             folder, ``.txt``/``.jsonl`` files, an ``s3://`` prefix, or a store with a bytes field
             ``text_key``) is packed first into a temporary store under ``cache_dir`` (removed
             at ``close()``), with ``tokenizer``, ``txt_mode`` and ``on_decode_error``.
@@ -640,8 +669,17 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
         timeline: record a stats timeline (``True``: a snapshot every 0.5 s; a number: the
             period in seconds) for ``stats_timeline()`` and ``headrace.plot``.
         transform: ``fn(batch, ids) -> batch``, run in the loader's threads on each batch as it
-            would be yielded (``ids``: its window ids, ``stream=True``: its document ids); the
-            loader yields what it returns.
+            would be yielded (``ids``: its ``doc_ids``; a token array: its window offsets); the
+            loader yields what it returns. ``rng``/``seeds`` parameters: see Loader.
+        dtype: the token dtype of a raw ``.bin`` token file (``"uint16"`` for nanoGPT's GPT-2
+            tokens); ``.npy`` files and arrays carry their own.
+        tokens_dtype: ``"int32"`` (default) or ``"int64"`` (what ``cross_entropy`` wants).
+        targets: yield ``inputs`` and ``targets`` (the next tokens), ``(batch, seq_len)`` each
+            and C-contiguous, instead of ``tokens``: every window then reads ``seq_len + 1``
+            tokens, and ``stride`` defaults to ``seq_len`` (windows share their boundary token).
+        windows: ``"strided"`` (a window every ``stride`` tokens) or ``"random"``: nanoGPT's
+            ``get_batch``, windows at random offsets drawn with replacement (``stride=1`` and
+            ``order="iid"``; ``order="shuffle"`` draws them without replacement).
         **options: S3 options for an ``s3://`` raw-text source. mx8's ``autopack`` and
             ``shard_mb`` are accepted and ignored (raw text is always packed).
 
@@ -651,7 +689,18 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
         token).
     """
     seq_len = _positive("seq_len", seq_len, "sequence_length")
+    if windows not in ("strided", "random"):
+        raise ConfigError(f"windows={windows!r} must be 'strided' or 'random'")
+    if windows == "random":
+        if stride not in (None, 1):
+            raise ConfigError(f"windows='random' starts a window at every offset (stride=1); "
+                              f"drop stride={stride}")
+        stride = 1
+        if order is None and not shuffle:
+            order = "iid"
     stride = seq_len if stride is None else _positive("stride", stride)
+    span = seq_len + 1 if targets else seq_len
+    tok_dtype = out_dtype(tokens_dtype)
     timeline_s = timeline_period(timeline)
     if truncate not in _TRUNCATE:
         raise ConfigError(f'invalid truncate="{truncate}" (expected: right|error)')
@@ -669,6 +718,20 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
                  "inflight": inflight, "ram_gb": ram_gb, "queue": queue, "prefetch": prefetch,
                  "profile": profile, "constraints": constraints, "runtime": runtime,
                  "resume": resume, "close_source": False}
+    if is_token_array(data):
+        if stream:
+            raise ConfigError("stream=True tokenizes raw text; a token array is already tokens: "
+                              "drop stream=")
+        return _array_loader(data, dtype=dtype, batch=batch, span=span, seq_len=seq_len,
+                             stride=stride, targets=targets, tok_dtype=tok_dtype,
+                             to_torch=to_torch, loader_kw=loader_kw, timeline_s=timeline_s,
+                             transform=transform)
+    if dtype is not None:
+        raise ConfigError("dtype= is the token dtype of a raw .bin token file; a store or "
+                          "raw text carries its own (tokens_dtype= sets the output's)")
+    if stream and (targets or tok_dtype != np.int32):
+        raise ConfigError("targets= and tokens_dtype= apply to packed tokens; with stream=True "
+                          "pass stream=False (the text is packed first)")
     if stream:
         return _stream_loader(data, batch=batch, tokenizer=tokenizer, seq_len=seq_len,
                               stride=stride, add_bos=add_bos, add_eos=add_eos,
@@ -685,13 +748,14 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
     try:
         specials = _special_ids(tokenizer if temp is None else None, info, add_bos=add_bos,
                                 add_eos=add_eos, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-        source = WindowSource(store, field=field, packing=packing, seq_len=seq_len,
+        source = WindowSource(store, field=field, packing=packing, seq_len=span,
                               stride=stride, add_bos=add_bos, add_eos=add_eos,
                               bos_id=specials[0], eos_id=specials[1], pad_id=specials[2],
-                              drop_last=drop_last, return_mask=return_mask, truncate=truncate)
-        refuse_empty(len(source), f"token windows of {seq_len} tokens", store.path)
+                              drop_last=drop_last, return_mask=return_mask, truncate=truncate,
+                              targets=targets, out_dtype=tok_dtype)
+        refuse_empty(len(source), f"token windows of {span} tokens", store.path)
         user = None if transform is None else ThenTransform(
-            None, partial(_finish, to_torch), transform, "doc_ids")
+            None, partial(_finish, to_torch), transform, "doc_ids", seed=loader_kw["seed"])
         try:
             loader = Loader(source, batch=batch, transform=user, **loader_kw)
         except CheckpointError as e:
@@ -731,7 +795,7 @@ def _stream_loader(data: Any, *, batch: int, tokenizer: Any, seq_len: int, strid
                            on_decode_error=on_decode_error, return_mask=return_mask)
         per_row = seq_len * (4 + int(return_mask)) + 8
         work: Any = rows if transform is None else ThenTransform(
-            rows, partial(_finish, to_torch), transform, "doc_ids")
+            rows, partial(_finish, to_torch), transform, "doc_ids", seed=loader_kw["seed"])
         # An estimate (one row per document): rows are known only after tokenizing.
         loader = Loader(source, batch=batch, transform=work,
                         transform_nbytes=lambda k: k * per_row, **loader_kw)
@@ -741,4 +805,22 @@ def _stream_loader(data: Any, *, batch: int, tokenizer: Any, seq_len: int, strid
     return TextLoader(source, loader, closer=source, temp_dir=None, info=tok.identity(),
                       to_torch=to_torch, seq_len=seq_len, stride=stride,
                       documents=len(source), name=str(data), stream=rows,
+                      timeline_s=timeline_s)
+
+
+def _array_loader(data: Any, *, dtype: Any, batch: int, span: int, seq_len: int, stride: int,
+                  targets: bool, tok_dtype: np.dtype[Any], to_torch: bool,
+                  loader_kw: dict[str, Any], timeline_s: float | None,
+                  transform: Any) -> TextLoader:
+    """A flat token array (``.bin``, ``.npy``, ndarray, memmap) as windows (``_sources.tokens``)."""
+    name = f"array{getattr(data, 'shape', '')}" if isinstance(data, np.ndarray) \
+        else os.fspath(data)
+    tokens = open_tokens(data, dtype)
+    source = TokenWindows(tokens, span=span, stride=stride, targets=targets, dtype=tok_dtype,
+                          name=name)
+    user = None if transform is None else ThenTransform(
+        None, partial(_finish, to_torch), transform, "offsets", seed=loader_kw["seed"])
+    loader = Loader(source, batch=batch, transform=user, **loader_kw)
+    return TextLoader(source, loader, closer=source, temp_dir=None, info={}, to_torch=to_torch,
+                      seq_len=seq_len, stride=stride, documents=1, name=name,
                       timeline_s=timeline_s)

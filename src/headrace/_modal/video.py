@@ -302,7 +302,7 @@ class VideoLoader(SingleLoaderWrapper):
             decoder: Any = _Decoder(self._job)
             if transform is not None:
                 decoder = ThenTransform(decoder, partial(_finish, self.to_torch), transform,
-                                        "clip_ids")
+                                        "clip_ids", seed=seed)
             self._inner = Loader(ClipSource(self.index, self.files), batch=batch, order=order,
                                  seed=seed, epoch=epoch, epochs=epochs, drop_last=drop_last,
                                  transform=decoder,
