@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Self
 import numpy as np
 
 from headrace._base.errors import ConfigError, DecodeError, LoaderError
+from headrace._engine.history import delivered, token_at
 from headrace._engine.seeds import SeededUser
 from headrace._engine.timeline import TimelineMixin
 
@@ -345,6 +346,17 @@ class SingleLoaderWrapper(InnerState, LoaderWrapper):
         """The underlying :class:`headrace.Loader`."""
         return self._inner
 
-    def checkpoint(self) -> bytes:
-        """A token for ``resume=``: continues right after the last delivered batch."""
-        return self._inner.checkpoint()
+    def checkpoint(self, at: int | None = None) -> bytes:
+        """A token for ``resume=``: continues right after the last delivered batch.
+
+        ``at=i``: the token that resumes at delivered batch ``i`` (0-based, counted since this
+        loader was built; ``delivered`` is how many it has delivered), for loops that fetch
+        ahead: ``checkpoint(at=loader.delivered - 1)`` resumes at the batch fetched but not yet
+        trained on. The last 256 batches' tokens are kept.
+        """
+        return self._inner.checkpoint() if at is None else token_at(self, at)
+
+    @property
+    def delivered(self) -> int:
+        """Batches this loader has delivered (the index ``checkpoint(at=)`` counts)."""
+        return delivered(self)

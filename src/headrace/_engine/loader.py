@@ -42,6 +42,7 @@ from headrace._base.errors import ConfigError, HeadraceError, LoaderError, Memor
 from headrace._engine import checkpoint as _checkpoint
 from headrace._engine.budget import ByteBudget
 from headrace._engine.config import Constraints, ResolvedConfig, RuntimeConfig, resolve_config
+from headrace._engine.history import delivered, token_at, tracked
 from headrace._engine.keywords import checked
 from headrace._engine.launcher import resolve as resolve_launch
 from headrace._engine.seeds import SeededUser, wanted
@@ -775,6 +776,7 @@ class Loader:
                 f"loader.set_epoch(E) to read epoch E again, or build it with "
                 f"epochs=None (endless) or epochs=N")
 
+    @tracked
     def __next__(self) -> Any:
         engine = self._engine
         if engine is None or self._exhausted:
@@ -863,8 +865,14 @@ class Loader:
 
     @property
     def epoch(self) -> int:
-        """The epoch of the next batch to deliver."""
-        return self._position // self.length if self.length else self._first_epoch
+        """The epoch of the next batch to deliver; once every epoch was delivered, the last one
+        (a loader built with ``epoch=4`` says 4 after its run, not 5)."""
+        if not self.length:
+            return self._first_epoch
+        e = self._position // self.length
+        if self._end_epoch is not None and e >= self._end_epoch:
+            return max(self._first_epoch, self._end_epoch - 1)
+        return e
 
     @property
     def position(self) -> int:
@@ -876,13 +884,26 @@ class Loader:
         """The resolved memory/queue knobs and where each came from."""
         return self._cfg
 
-    def checkpoint(self) -> bytes:
-        """A token (<= 1 KB) for ``resume=``: continues right after the last delivered batch."""
+    def checkpoint(self, at: int | None = None) -> bytes:
+        """A token (<= 1 KB) for ``resume=``: continues right after the last delivered batch.
+
+        ``at=i``: the token that resumes at delivered batch ``i`` (0-based, counted since this
+        loader was built; ``delivered`` is how many it has delivered), for loops that fetch
+        ahead: ``checkpoint(at=loader.delivered - 1)`` resumes at the batch fetched but not yet
+        trained on. The last 256 batches' tokens are kept.
+        """
+        if at is not None:
+            return token_at(self, at)
         fp = self.source.fingerprint
         if self._ckpt is None or self._ckpt[0] != fp:  # serialize the constant part once
             self._ckpt = (fp, _checkpoint.encoder(self._state(self._position)))
         pos, n = self._position, self.length
         return self._ckpt[1](pos, pos // n if n else self._first_epoch)
+
+    @property
+    def delivered(self) -> int:
+        """Batches this loader object has delivered (the index ``checkpoint(at=)`` counts)."""
+        return delivered(self)
 
     # -- stats -----------------------------------------------------------------------------------
 

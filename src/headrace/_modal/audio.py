@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from headrace._base.errors import ConfigError, DecodeError
+from headrace._engine.history import tracked
 from headrace._engine.keywords import checked
 from headrace._engine.lifecycle import (
     INNER_LOADER_KEYWORDS,
@@ -182,6 +183,7 @@ class AudioLoader(SingleLoaderWrapper):
 
     # -- iteration -------------------------------------------------------------------------------
 
+    @tracked
     def __next__(self) -> Any:
         b = self._next_delivered("ids")
         if YIELD_KEY in b:

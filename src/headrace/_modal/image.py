@@ -25,6 +25,7 @@ import numpy as np
 
 from headrace._base.errors import ConfigError, DecodeError, LoaderError
 from headrace._engine import checkpoint as _checkpoint
+from headrace._engine.history import delivered, token_at, tracked
 from headrace._engine.keywords import refuse_unknown
 from headrace._engine.lifecycle import (
     INNER_LOADER_KEYWORDS,
@@ -357,6 +358,7 @@ class ImageLoader(LoaderWrapper):
 
     # -- iteration -----------------------------------------------------------------------------
 
+    @tracked
     def __next__(self) -> tuple[Any, Any]:
         while True:
             inner = self._inner
@@ -486,11 +488,25 @@ class ImageLoader(LoaderWrapper):
 
     @property
     def epoch(self) -> int:
+        """The epoch of the next batch; once every epoch was delivered, the last one."""
+        if self._end_epoch is not None and self._epoch >= self._end_epoch:
+            return max(self._first_epoch, self._end_epoch - 1)
         return self._epoch
 
-    def checkpoint(self) -> bytes:
-        """A token for ``resume=``: continues after the last delivered batch, same augmentations."""
-        return self._current_loader().checkpoint()
+    def checkpoint(self, at: int | None = None) -> bytes:
+        """A token for ``resume=``: continues after the last delivered batch, same augmentations.
+
+        ``at=i``: the token that resumes at delivered batch ``i`` (0-based, counted since this
+        loader was built; ``delivered`` is how many it has delivered), for loops that fetch
+        ahead: ``checkpoint(at=loader.delivered - 1)`` resumes at the batch fetched but not yet
+        trained on. The last 256 batches' tokens are kept.
+        """
+        return self._current_loader().checkpoint() if at is None else token_at(self, at)
+
+    @property
+    def delivered(self) -> int:
+        """Batches this loader has delivered (the index ``checkpoint(at=)`` counts)."""
+        return delivered(self)
 
     def stats(self) -> dict[str, Any]:
         """The loader's stats plus ``images_decoded_total`` and ``decode_errors_total`` (images

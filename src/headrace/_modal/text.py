@@ -42,6 +42,7 @@ from headrace._base.errors import (
     LoaderError,
     RecordIndexError,
 )
+from headrace._engine.history import delivered, token_at, tracked
 from headrace._engine.keywords import keyword_names, refuse_unknown
 from headrace._engine.lifecycle import (
     YIELD_KEY,
@@ -371,6 +372,7 @@ class TextLoader(InnerState, TimelineMixin):
     def _state_loader(self) -> Loader:
         return self._loader
 
+    @tracked
     def __next__(self) -> dict[str, Any]:
         while True:
             try:
@@ -398,9 +400,20 @@ class TextLoader(InnerState, TimelineMixin):
     def __len__(self) -> int:
         return len(self._loader)
 
-    def checkpoint(self) -> bytes:
-        """A token for ``resume=``: continues right after the last delivered batch."""
-        return self._loader.checkpoint()
+    def checkpoint(self, at: int | None = None) -> bytes:
+        """A token for ``resume=``: continues right after the last delivered batch.
+
+        ``at=i``: the token that resumes at delivered batch ``i`` (0-based, counted since this
+        loader was built; ``delivered`` is how many it has delivered), for loops that fetch
+        ahead: ``checkpoint(at=loader.delivered - 1)`` resumes at the batch fetched but not yet
+        trained on. The last 256 batches' tokens are kept.
+        """
+        return self._loader.checkpoint() if at is None else token_at(self, at)
+
+    @property
+    def delivered(self) -> int:
+        """Batches this loader has delivered (the index ``checkpoint(at=)`` counts)."""
+        return delivered(self)
 
     def stats(self) -> dict[str, Any]:
         """The loader's stats plus ``tokens_delivered_total``, ``windows``, ``documents``,

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from headrace._base.errors import ConfigError, DecodeError
+from headrace._engine.history import tracked
 from headrace._engine.keywords import checked
 from headrace._engine.lifecycle import (
     INNER_LOADER_KEYWORDS,
@@ -336,6 +337,7 @@ class VideoLoader(SingleLoaderWrapper):
 
     # -- iteration -------------------------------------------------------------------------------
 
+    @tracked
     def __next__(self) -> Any:
         b = self._next_delivered("clip_ids")
         if YIELD_KEY in b:

@@ -288,7 +288,10 @@ class MixedLoader(TimelineMixin):
             return
         u = self._slot[idx]
         source = self._unique[u]
-        epoch = int(source.epoch)  # a finished source's epoch is the one after those it read
+        # the epoch after those the finished source read: its token's (a finished loader's
+        # ``epoch`` names the last epoch it read; a mix's names the one after)
+        epoch = int(source.epoch) if isinstance(source, MixedLoader) else \
+            int(source.state_dict()["epoch"])
         if self._restarted_empty[u]:  # restarting it again would spin forever
             self._failed = f"source {idx} has nothing to yield"
             raise LoaderError(
