@@ -40,13 +40,14 @@ from PIL import Image
 import headrace
 
 
-def make_imagefolder(root: Path, classes: int = 4, per_class: int = 24) -> None:
+def make_imagefolder(root: Path, classes: int = 4, per_class: int = 24,
+                     sides: tuple[int, int] = (40, 80)) -> None:
     """Photo-like JPEGs of odd sizes in ImageFolder layout (``root/<class>/<i>.jpg``)."""
     rng = np.random.default_rng(0)
     for c in range(classes):
         (root / f"class{c}").mkdir(parents=True, exist_ok=True)
         for i in range(per_class):
-            h, w = int(rng.integers(40, 80)), int(rng.integers(40, 80))
+            h, w = int(rng.integers(*sides)), int(rng.integers(*sides))
             y, x = np.mgrid[0:h, 0:w]
             base = np.stack([x * (c + 1) * 3, y * 4, (x + y) * 2], -1) % 256
             img = np.clip(base + rng.normal(0, 12, (h, w, 3)), 0, 255).astype(np.uint8)
