@@ -141,6 +141,7 @@ class FaultProxy:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.injected: Counter[str] = Counter()
+        self._flipped: set[tuple[bytes, ...]] = set()
         self.requests = 0
         self._stop = threading.Event()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -154,11 +155,19 @@ class FaultProxy:
         self._accept_thread = threading.Thread(target=self._accept_loop, daemon=True)
         self._accept_thread.start()
 
-    def _roll(self) -> str | None:
+    def _roll(self, request: bytes = b"") -> str | None:
         with self._lock:
             n = self.requests
             self.requests += 1
             forced = self._fail_requests is not None and n in self._fail_requests
+            if forced and self._faults == ("flip",):
+                # A flipped bit is damage in transit: the same range asked again arrives intact,
+                # so a reader that refetches always recovers however its requests interleave.
+                head = request.split(b"\r\n\r\n", 1)[0].split(b"\r\n")
+                what = (head[0], *sorted(v.lower() for v in head[1:]
+                                         if v.lower().startswith(b"range:")))
+                forced = what not in self._flipped
+                self._flipped.add(what)
             if self._rng.random() >= self.rate and not forced:
                 return None
             # in turn rather than at random: a run with a few dozen faults meets every kind
@@ -205,7 +214,7 @@ class FaultProxy:
                     if s is client:
                         if new_request:
                             new_request = False
-                            fault = self._roll()
+                            fault = self._roll(data)
                             if fault == "reset":
                                 self._reset(client)
                                 return
