@@ -1,12 +1,12 @@
 """mx8 1.0.7's Python API over headrace: ``import headrace.mx8 as mx8``.
 
-Thin configurations of headrace's own loaders (``headrace._compat.mx8``); what changes is in
-``docs/migration-mx8.md``. Not yet here from mx8's ``__all__``: ``text``, ``audio``, ``video``,
-``mix``, ``pack``, their loader classes and ``_internal`` (use ``headrace.text`` etc.).
+Every name of mx8's ``__all__``, as thin configurations of headrace's own loaders
+(``headrace._compat.mx8*``); what changes is in ``docs/migration-mx8.md``.
 """
 
 from __future__ import annotations
 
+from headrace._compat import mx8_internal as _internal
 from headrace._compat.mx8 import (
     CoordinatorHandle,
     DataLoader,
@@ -14,6 +14,7 @@ from headrace._compat.mx8 import (
     coordinator,
     image,
     load,
+    pack,
     pack_dir,
     resolve,
     resolve_manifest_hash,
@@ -21,10 +22,39 @@ from headrace._compat.mx8 import (
     stats,
 )
 from headrace._compat.mx8_batch import AudioBatch, PyBatch, TextBatch, VideoBatch
+from headrace._compat.mx8_mix import MixedDataLoader, mix
+from headrace._compat.mx8_modal import AudioLoader, TextLoader, VideoDataLoader, audio, text, video
 from headrace._engine.config import Constraints, RuntimeConfig
 from headrace._modal.image import ImageLoader
 
-__all__ = ["AudioBatch", "Constraints", "CoordinatorHandle", "DataLoader",
-           "DistributedDataLoader", "ImageLoader", "PyBatch", "RuntimeConfig", "TextBatch",
-           "VideoBatch", "coordinator", "image", "load", "pack_dir", "resolve",
-           "resolve_manifest_hash", "run", "stats"]
+# mx8 1.0.7's __all__ (sorted)
+__all__ = [
+    "AudioBatch",
+    "AudioLoader",
+    "Constraints",
+    "CoordinatorHandle",
+    "DataLoader",
+    "DistributedDataLoader",
+    "ImageLoader",
+    "MixedDataLoader",
+    "PyBatch",
+    "RuntimeConfig",
+    "TextBatch",
+    "TextLoader",
+    "VideoBatch",
+    "VideoDataLoader",
+    "_internal",
+    "audio",
+    "coordinator",
+    "image",
+    "load",
+    "mix",
+    "pack",
+    "pack_dir",
+    "resolve",
+    "resolve_manifest_hash",
+    "run",
+    "stats",
+    "text",
+    "video",
+]

@@ -22,7 +22,7 @@ from headrace._engine.config import Constraints, RuntimeConfig
 from headrace._engine.launcher import detect
 
 __all__ = ["CoordinatorHandle", "DataLoader", "DistributedDataLoader", "coordinator", "image",
-           "load", "pack_dir", "resolve", "resolve_manifest_hash", "run", "stats"]
+           "load", "pack", "pack_dir", "resolve", "resolve_manifest_hash", "run", "stats"]
 
 _LAUNCH_HINT = ("headrace has no coordinator: start one process per rank with a launcher, e.g. "
                 "`torchrun --nproc_per_node=N train.py` (it sets RANK/WORLD_SIZE) or call "
@@ -327,21 +327,49 @@ def image(data: Any, *, batch: int = 32, **kwargs: Any) -> Any:
 def pack_dir(in_dir: Any, *, out: Any, shard_mb: int = 512, label_mode: str | None = None,
              require_labels: bool = False) -> dict[str, Any]:
     """Packs ``in_dir`` into a headrace store at ``out``; the result has mx8's keys too
-    (``manifest_path`` is ``None``: a store has no manifest file; ``manifest_hash`` is the
-    store's dataset hash)."""
+    (``manifest_path`` is ``None``: a store has no manifest file; ``manifest_hash`` is what
+    ``resolve(out)`` returns)."""
     import headrace
 
     r = dict(headrace.pack_dir(in_dir, out=out, shard_mb=shard_mb, label_mode=label_mode,
                                require_labels=require_labels, overwrite=True))
+    _mx8_keys(r, out)
+    return r
+
+
+def pack(pack_in: Any, *, out: Any, shard_mb: int = 512, label_mode: str | None = None,
+         require_labels: bool = False, parallel_fetches: int = 128) -> dict[str, Any]:
+    """mx8's ``pack``: the files under ``pack_in`` (an ``s3://`` prefix, or here also a local
+    folder) into a headrace store at ``out`` (local or ``s3://``), ``parallel_fetches``
+    concurrent S3 requests. The result has mx8's keys; ``manifest_path``/``manifest_key`` are
+    ``None`` (a store has no manifest file), ``labels_path``/``labels_key`` name the store's
+    labels file (``None`` unlabeled), ``shards`` counts the store's chunks."""
+    import headrace
+
+    r = dict(headrace.pack(pack_in, out=out, shard_mb=shard_mb, label_mode=label_mode or "auto",
+                           require_labels=require_labels, parallel_fetches=parallel_fetches))
+    with headrace.open(out) as st:
+        labels = st.attrs.get("labels")
+        r["shards"] = len(st.meta.chunks)
+    r["labels_path"] = f"{os.fspath(out).rstrip('/')}/{labels}" if labels else None
+    r["source_manifest_hash"] = r.get("manifest_hash")  # the snapshot of pack_in that was read
+    _mx8_keys(r, out)  # labels_hash only for a local out: an s3:// one is not read back
+    r["manifest_key"] = None
+    r["labels_key"] = r["labels_path"]
+    return r
+
+
+def _mx8_keys(r: dict[str, Any], out: Any) -> None:
+    import headrace
+
     labels = r.get("labels_path")
     r.setdefault("manifest_path", None)
-    r["manifest_hash"] = r.get("dataset_hash")
+    r["manifest_hash"] = headrace.resolve_manifest_hash(out)  # what mx8.resolve(out) says
     if labels and os.path.isfile(labels):
         with open(labels, "rb") as f:
             r["labels_hash"] = hashlib.sha256(f.read()).hexdigest()
     else:
         r["labels_hash"] = None
-    return r
 
 
 def resolve_manifest_hash(data: Any, *, store: Any = None, manifest: Any = None,

@@ -107,7 +107,11 @@ class TextBatch:
         self.attention_mask = None if mask is None else _torch(mask, torch.bool)
         self.sample_ids = _torch(batch["doc_ids"], torch.int64)
 
-    def to_torch(self) -> tuple[Any, Any, Any]:
+    def to_torch(self) -> tuple[Any, ...]:
+        """``(token_ids, attention_mask, sample_ids)``; ``(token_ids, sample_ids)`` without a
+        mask (``return_mask=False``), as mx8."""
+        if self.attention_mask is None:
+            return self.token_ids, self.sample_ids
         return self.token_ids, self.attention_mask, self.sample_ids
 
 

@@ -278,10 +278,13 @@ class MixedLoader(TimelineMixin):
             self._failed = f"source {idx} exhausted"
             raise LoaderError(
                 f"mix source exhausted (source_idx={idx}, policy=error, "
-                f"schedule_ticks={self._sched.ticks}, delivered_samples={sum(self.delivered_samples)})"
+                f"schedule_ticks={self._sched.ticks}, delivered_samples={self.delivered_samples[idx]})"
                 "; pass on_source_exhausted='drop' to continue with the other sources or "
                 "'restart' to start the source's next epoch")
         if self.policy == "drop":
+            # mx8 credits the tick that found the source exhausted before dropping it, so the
+            # others' credits (and the rest of the schedule) are mx8's
+            self._sched.commit(idx, count=False)
             self._sched.deactivate(idx)
             logger.info("mix source %d exhausted after %d batches; dropped (%d still active)",
                         idx, self.delivered_batches[idx], sum(self._sched.active))

@@ -99,15 +99,16 @@ class SmoothRoundRobin:
             raise RuntimeError("SWRR has no active source to pick")
         return best
 
-    def commit(self, picked: int) -> None:
-        """Apply one tick whose winner is ``picked``."""
+    def commit(self, picked: int, *, count: bool = True) -> None:
+        """Apply one tick whose winner is ``picked`` (``count=False``: credit it without counting
+        a tick, for a pick that found its source exhausted)."""
         total = 0
         for i, w in enumerate(self.weights):
             if self.active[i]:
                 self.current[i] += w
                 total += w
         self.current[picked] -= total
-        self.ticks += 1
+        self.ticks += int(count)
 
     def deactivate(self, index: int) -> None:
         """Take a source out of the rotation; its credit is forgotten."""

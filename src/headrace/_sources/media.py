@@ -1,4 +1,5 @@
-"""Audio and video files as records: a raw local folder, or a store made by :func:`pack_media`.
+"""Audio and video files as records: a raw local folder, a store made by :func:`pack_media`, or
+an mx8 pack (``mx8.pack_dir`` of media files).
 
 Both give the audio and video loaders the same thing (:class:`MediaFiles`): a file-like reader per
 record (a real file for a folder, a seekable zero-copy view of the ``mmap`` for a raw store field),
@@ -23,17 +24,19 @@ from headrace._base.errors import ConfigError
 from headrace._base.fsutil import replace_store
 from headrace._sources.images import (
     LABELS_FILE,
+    Mx8PackImages,
     Scan,
     ScannedFolder,
     check_record_ids,
     folder_class_labels,
+    is_mx8_pack,
     read_labels_tsv,
     write_labels_tsv,
 )
 from headrace._sources.walk import list_files
 
-__all__ = ["AUDIO_EXTENSIONS", "VIDEO_EXTENSIONS", "FolderMedia", "MediaFiles", "StoreMedia",
-           "ViewReader", "open_media", "pack_media", "scan_media"]
+__all__ = ["AUDIO_EXTENSIONS", "VIDEO_EXTENSIONS", "FolderMedia", "MediaFiles", "Mx8PackMedia",
+           "StoreMedia", "ViewReader", "open_media", "pack_media", "scan_media"]
 
 AUDIO_EXTENSIONS = frozenset({
     ".wav", ".wave", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aif", ".aiff", ".aifc", ".au",
@@ -272,12 +275,45 @@ def open_media(data: Any, *, kind: str, labels: bool | None = None,
             from headrace._store.reader import open as open_store
 
             return StoreMedia(open_store(p), owned=True, kind=kind)
+        if is_mx8_pack(p):
+            return Mx8PackMedia(p)
         if os.path.isdir(p):
             return FolderMedia(p, kind=kind, labels=labels, recursive=recursive)
         raise FileNotFoundError(f"no such dataset {p!r}: expected a headrace store or a folder "
                                 f"of {kind} files")
     raise ConfigError(f"cannot read {kind} from {data!r}: pass a store path or Store, or a "
                       f"folder of {kind} files")
+
+
+class Mx8PackMedia(MediaFiles):
+    """An mx8 pack (``mx8.pack_dir`` of audio or video files) as media records: each record a
+    zero-copy view of its tar member; labels and classes from the pack's ImageFolder hints."""
+
+    def __init__(self, root: str) -> None:
+        self.pack = Mx8PackImages(root)
+        self.classes = self.pack.classes
+
+    def __len__(self) -> int:
+        return len(self.pack)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.pack.fingerprint
+
+    def open(self, i: int) -> BinaryIO:
+        return ViewReader(self.pack.payloads(np.array([i], np.int64))[0])  # type: ignore[return-value]
+
+    def path(self, i: int) -> str:
+        return self.pack.path(int(i))
+
+    def labels(self, ids: np.ndarray) -> np.ndarray:
+        return self.pack.labels(self.check(ids))
+
+    def close(self) -> None:
+        self.pack.close()
+
+    def __repr__(self) -> str:
+        return f"Mx8PackMedia({self.pack.root!r}, n={len(self)})"
 
 
 # -- packing ----------------------------------------------------------------------------------------

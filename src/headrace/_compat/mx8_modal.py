@@ -1,0 +1,236 @@
+"""``headrace.mx8.text`` / ``audio`` / ``video``: mx8 1.0.7's media loaders over headrace's.
+
+Each takes mx8's keywords and builds headrace's own loader of that kind (text: documents
+tokenized in the loader's threads and cut into padded rows, mx8's way; audio: decoded and cut or
+padded to ``samples``; video: clips decoded by PyAV), then yields mx8's batch classes
+(``TextBatch``, ``AudioBatch``, ``VideoBatch``). mx8's record-range and byte-aware keywords
+(``start``/``end``, ``batch_bytes``/``target_bytes``) reach the engine as they do for ``load``:
+they count documents or files.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from headrace._base.errors import ConfigError
+from headrace._compat.mx8 import _common, _distributed, _mx8_stats, _tune, _Wrapped
+from headrace._compat.mx8_batch import AudioBatch, TextBatch, VideoBatch
+
+__all__ = ["AudioLoader", "TextLoader", "VideoDataLoader", "audio", "text", "video"]
+
+_GPT2 = "gpt2"
+
+
+def _engine_kw(where: str, *, store: Any, manifest: Any, recursive: bool, batch: int,
+               inflight: Any, queue: Any, prefetch: Any, target_bytes: Any, batch_bytes: Any,
+               start: Any, end: Any, resume: Any, job: Any, coord: Any, node: Any, ram_gb: Any,
+               profile: Any, tune: Any, constraints: Any, runtime: Any) -> dict[str, Any]:
+    """mx8's shared loader keywords as headrace ``Loader`` keywords (plus ``store``/``recursive``
+    for the source opener)."""
+    _tune(tune)
+    kw = _common(store, manifest, recursive, batch, inflight, queue, prefetch, start, end, resume,
+                 ram_gb, profile, constraints, runtime)
+    kw.update(_distributed(job, coord, node, where))
+    kw["batch_bytes"], kw["target_bytes"] = batch_bytes, target_bytes
+    if (kw["start"] is None) != (kw["end"] is None):
+        raise ConfigError("start and end must be set together")
+    return kw
+
+
+def _loader_kw(kw: dict[str, Any]) -> dict[str, Any]:
+    """The keywords ``headrace.Loader`` takes, from :func:`_engine_kw`'s result."""
+    names = ("inflight", "queue", "prefetch", "start", "end", "ram_gb", "profile", "constraints",
+             "runtime", "rank", "world_size", "batch_bytes", "target_bytes")
+    return {k: kw[k] for k in names if kw.get(k) is not None}
+
+
+class TextLoader(_Wrapped):
+    """Yields :class:`TextBatch`; built by :func:`text`."""
+
+    def __init__(self, inner: Any, return_mask: bool) -> None:
+        self._inner = inner
+        self._return_mask = return_mask
+
+    def _convert(self, batch: Any) -> TextBatch:
+        return TextBatch(batch)
+
+    @property
+    def sequence_length(self) -> int:
+        return int(self._inner.sequence_length)
+
+    @property
+    def stride(self) -> int:
+        return int(self._inner.stride)
+
+    def stats(self) -> dict[str, Any]:
+        s = _mx8_stats(self._inner.stats())
+        s.update(text_sequence_length=self.sequence_length, text_stride=self.stride,
+                 text_return_attention_mask=self._return_mask)
+        return s
+
+
+def text(data: Any, *, store: Any = None, manifest: Any = None, recursive: bool = True,
+         batch: int = 32, inflight: int | None = None, queue: int | None = None,
+         prefetch: int | None = None, target_bytes: int | None = None,
+         batch_bytes: int | None = None, start: int | None = None, end: int | None = None,
+         resume: bytes | None = None, job: str | None = None, coord: str | None = None,
+         node: str | None = None, ram_gb: float | None = None, profile: str | None = None,
+         tune: bool | None = None, constraints: Any = None, runtime: Any = None,
+         tokenizer: Any = _GPT2, seq_len: int = 2048, stride: int | None = None,
+         add_bos: bool = False, add_eos: bool = True, truncate: str = "right",
+         return_mask: bool = True, on_decode_error: str = "error", autopack: bool = False,
+         shard_mb: int = 512) -> TextLoader:
+    """mx8's ``text``: each record (a file of a folder or pack) is one UTF-8 document, tokenized
+    in the loader's threads and cut into rows of ``seq_len`` tokens every ``stride`` (padded with
+    the EOS id); ``batch`` counts documents, so a batch has a varying number of rows.
+
+    ``tokenizer``: a ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a callable (headrace
+    never downloads one: mx8's default ``"gpt2"`` hub name is refused with that fix).
+    ``stride`` defaults to ``seq_len`` (mx8's is 2048 whatever ``seq_len``, which skips tokens
+    between rows once ``seq_len < 2048``).
+    """
+    from headrace._modal.text import _stream_loader
+
+    del autopack, shard_mb
+    if isinstance(tokenizer, str) and tokenizer == _GPT2 and not os.path.exists(tokenizer):
+        raise ConfigError('tokenizer="gpt2" names a Hugging Face hub tokenizer, and headrace '
+                          "never downloads one: pass the path of its tokenizer.json (e.g. "
+                          "hf_hub_download('gpt2', 'tokenizer.json'), or "
+                          "tokenizers.Tokenizer.from_pretrained('gpt2').save(path)) or a "
+                          "tokenizers.Tokenizer")
+    kw = _engine_kw("text()", store=store, manifest=manifest, recursive=recursive, batch=batch,
+                    inflight=inflight, queue=queue, prefetch=prefetch, target_bytes=target_bytes,
+                    batch_bytes=batch_bytes, start=start, end=end, resume=resume, job=job,
+                    coord=coord, node=node, ram_gb=ram_gb, profile=profile, tune=tune,
+                    constraints=constraints, runtime=runtime)
+    if isinstance(seq_len, int) and not isinstance(seq_len, bool) and seq_len <= 0:
+        raise ConfigError("sequence_length must be > 0")
+    if truncate not in ("right", "error"):
+        raise ConfigError(f'invalid truncate="{truncate}" (expected: right|error)')
+    if on_decode_error not in ("error", "skip"):
+        raise ConfigError(f'invalid decode_error_policy="{on_decode_error}" (expected: '
+                          "error|skip)")
+    loader_kw = {"order": "sequential", "seed": 0, "epoch": 0, "epochs": 1, "tail": None,
+                 "drop_last": False, "threads": None, "close_source": False,
+                 "resume": kw["resume"], **_loader_kw(kw)}
+    options = {"store": kw["store"]} if "store" in kw else {}
+    inner = _stream_loader(data, batch=kw["batch"], tokenizer=tokenizer, seq_len=seq_len,
+                           stride=seq_len if stride is None else stride, add_bos=add_bos,
+                           add_eos=add_eos, truncate=truncate, return_mask=return_mask,
+                           on_decode_error=on_decode_error, packing="pad", drop_last=False,
+                           ids=(None, None, None), text_key="text", recursive=recursive,
+                           to_torch=False, loader_kw=loader_kw, options=options,
+                           timeline_s=None)
+    return TextLoader(inner, bool(return_mask))
+
+
+class AudioLoader(_Wrapped):
+    """Yields :class:`AudioBatch`; built by :func:`audio`."""
+
+    def __init__(self, inner: Any, rate_hz: int | None) -> None:
+        self._inner = inner
+        self._rate_hz = rate_hz
+
+    def _convert(self, batch: Any) -> AudioBatch:
+        return AudioBatch(batch)
+
+    @property
+    def sample_count(self) -> int:
+        return int(self._inner.sample_count)
+
+    @property
+    def channels(self) -> int:
+        return int(self._inner.channels)
+
+    @property
+    def sample_rate_hz(self) -> int | None:
+        """The ``rate_hz`` asked for (``None``: each file keeps its own, as in mx8)."""
+        return self._rate_hz
+
+    def stats(self) -> dict[str, Any]:
+        s = _mx8_stats(self._inner.stats())
+        s["audio_expected_sample_rate_hz"] = self._rate_hz
+        return s
+
+
+def audio(data: Any, *, store: Any = None, manifest: Any = None, recursive: bool = True,
+          batch: int = 32, inflight: int | None = None, queue: int | None = None,
+          prefetch: int | None = None, target_bytes: int | None = None,
+          batch_bytes: int | None = None, start: int | None = None, end: int | None = None,
+          resume: bytes | None = None, job: str | None = None, coord: str | None = None,
+          node: str | None = None, ram_gb: float | None = None, profile: str | None = None,
+          tune: bool | None = None, constraints: Any = None, runtime: Any = None,
+          samples: int = 16000, channels: int = 1, rate_hz: int | None = None,
+          on_decode_error: str = "error", autopack: bool = False,
+          shard_mb: int = 512) -> AudioLoader:
+    """mx8's ``audio``: ``AudioBatch(samples float32[B, samples], sample_rates_hz,
+    sample_ids)``, each file cut or zero-padded to ``samples``. Unlike mx8, ``rate_hz`` resamples
+    a file of another rate (mx8 raises), any format PyAV/soundfile reads is accepted (mx8: WAV
+    and FLAC), and ``channels > 1`` keeps that many channels (``samples`` is then
+    ``[B, channels, samples]``; mx8 is mono only)."""
+    from headrace._modal.audio import AudioLoader as Inner
+
+    del autopack, shard_mb
+    kw = _engine_kw("audio()", store=store, manifest=manifest, recursive=recursive, batch=batch,
+                    inflight=inflight, queue=queue, prefetch=prefetch, target_bytes=target_bytes,
+                    batch_bytes=batch_bytes, start=start, end=end, resume=resume, job=job,
+                    coord=coord, node=node, ram_gb=ram_gb, profile=profile, tune=tune,
+                    constraints=constraints, runtime=runtime)
+    if on_decode_error not in ("error", "skip"):
+        raise ConfigError(f'invalid decode_error_policy="{on_decode_error}" (expected: '
+                          "error|skip)")
+    loader_kw = _loader_kw(kw)
+    inner = Inner(data, batch=kw["batch"], samples=samples,
+                  channels=channels, rate_hz=rate_hz, on_decode_error=on_decode_error,
+                  order="sequential", seed=0, epoch=0, epochs=1, drop_last=False, as_dict=True,
+                  to_torch=False, labels=None, loader_kw=loader_kw, resume=kw["resume"],
+                  recursive=recursive)
+    return AudioLoader(inner, rate_hz)
+
+
+class VideoDataLoader(_Wrapped):
+    """Yields :class:`VideoBatch`; built by :func:`video`."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def _convert(self, batch: Any) -> VideoBatch:
+        files = self._inner.files
+        return VideoBatch(batch, [files.path(int(v)) for v in batch["video_ids"].tolist()])
+
+    @property
+    def clip_count(self) -> int:
+        return int(self._inner.clip_count)
+
+    @property
+    def frames_per_clip(self) -> int:
+        return int(self._inner.frames_per_clip)
+
+
+def video(data: Any, *, store: Any = None, manifest: Any = None, recursive: bool = True,
+          clip: int = 16, stride: int = 8, fps: Any = 8, batch: int = 32, seed: int = 0,
+          epoch: int = 0, resume: bytes | None = None, job: str | None = None,
+          coord: str | None = None, ram_gb: float | None = None, profile: str | None = None,
+          tune: bool | None = None, constraints: Any = None, runtime: Any = None,
+          node: str | None = None) -> VideoDataLoader:
+    """mx8's ``video``: ``VideoBatch`` of ``clip`` RGB frames (``THWC`` uint8) every ``stride``
+    frames of each video resampled to ``fps``, decoded by PyAV (no ffmpeg binary). A dataset with
+    no usable clip raises ``ConfigError`` naming the failure counts (mx8 ends silently)."""
+    import headrace
+
+    _tune(tune)
+    if manifest is not None or os.environ.get("MX8_DEV_MANIFEST_PATH"):
+        raise ConfigError("mx8 dev manifests (manifest=/MX8_DEV_MANIFEST_PATH) are not read by "
+                          "headrace: point at the folder of videos itself")
+    del store  # a folder of videos is read directly; no manifest snapshot is taken
+    if isinstance(fps, int | float) and not isinstance(fps, bool) and (
+            not math.isfinite(fps) or fps <= 0):
+        raise ConfigError(f"video fps must be > 0, got {fps!r}")
+    extra: dict[str, Any] = dict(_distributed(job, coord, node, "video()"))
+    inner = headrace.video(data, clip=clip, stride=stride, fps=fps, batch=batch, seed=seed,
+                           epoch=epoch, resume=resume, ram_gb=ram_gb, profile=profile,
+                           constraints=constraints, runtime=runtime, recursive=recursive,
+                           **extra)
+    return VideoDataLoader(inner)
