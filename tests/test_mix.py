@@ -157,6 +157,14 @@ def test_exhausted_source_error_policy():
             iter(m)
 
 
+def test_error_policy_ends_cleanly_when_every_source_ends_together():
+    with mix([_loader(0, n=10), _loader(1, n=15)], weights=[2, 3]) as m:
+        assert [_who(b) for b in m] == ["B", "A", "B", "A", "B"]
+        s = m.stats()
+        assert s["active_sources"] == 0 and s["mix_source_exhausted_total"] == [1, 1]
+        assert next(m, None) is None
+
+
 @pytest.mark.parametrize("policy", ["drop", "allow"])
 def test_exhausted_source_drop_policy_reads_everything(policy):
     with mix([_loader(0, n=20), _loader(1, n=50)], weights=[3, 1],

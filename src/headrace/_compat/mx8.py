@@ -72,6 +72,16 @@ def _common(store: Any, manifest: Any, recursive: bool, batch: int, inflight: in
     return kw
 
 
+def _drop_unused_store(data: Any, kw: dict[str, Any]) -> None:
+    """mx8's ``store=`` (manifest store root) reaches only dataset links (``s3://``, ``@refresh``
+    / ``@sha256:`` suffixes, raw folders): a store folder, an mx8 pack or an image folder is read
+    as it is, with no snapshot to keep."""
+    from headrace._sources.links import can_open_link
+
+    if "store" in kw and not can_open_link(data):
+        del kw["store"]
+
+
 def _mx8_stats(s: dict[str, Any]) -> dict[str, Any]:
     """headrace's stats with mx8's key names added (measured values only)."""
     out = dict(s)
@@ -157,6 +167,7 @@ class DataLoader(_Wrapped):
         if max_ram_bytes is not None:
             kw["constraints"] = Constraints(max_ram_bytes=max_ram_bytes)
         kw.update(_extra or {})
+        _drop_unused_store(dataset_link, kw)
         self._inner = headrace.load(dataset_link, batch_bytes=max_batch_bytes,
                                     target_bytes=target_batch_bytes, **kw)
 

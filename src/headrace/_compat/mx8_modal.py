@@ -15,7 +15,14 @@ import os
 from typing import Any
 
 from headrace._base.errors import ConfigError
-from headrace._compat.mx8 import _common, _distributed, _mx8_stats, _tune, _Wrapped
+from headrace._compat.mx8 import (
+    _common,
+    _distributed,
+    _drop_unused_store,
+    _mx8_stats,
+    _tune,
+    _Wrapped,
+)
 from headrace._compat.mx8_batch import AudioBatch, TextBatch, VideoBatch
 
 __all__ = ["AudioLoader", "TextLoader", "VideoDataLoader", "audio", "text", "video"]
@@ -115,6 +122,7 @@ def text(data: Any, *, store: Any = None, manifest: Any = None, recursive: bool 
     loader_kw = {"order": "sequential", "seed": 0, "epoch": 0, "epochs": 1, "tail": None,
                  "drop_last": False, "threads": None, "close_source": False,
                  "resume": kw["resume"], **_loader_kw(kw)}
+    _drop_unused_store(data, kw)
     options = {"store": kw["store"]} if "store" in kw else {}
     inner = _stream_loader(data, batch=kw["batch"], tokenizer=tokenizer, seq_len=seq_len,
                            stride=seq_len if stride is None else stride, add_bos=add_bos,

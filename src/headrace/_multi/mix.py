@@ -275,6 +275,8 @@ class MixedLoader(TimelineMixin):
     def _exhausted(self, idx: int) -> None:
         self.exhausted_total[idx] += 1
         if self.policy == "error":
+            if self._all_ended_with(idx):
+                return  # every source read to its end: the mix's natural end, not an error
             self._failed = f"source {idx} exhausted"
             raise LoaderError(
                 f"mix source exhausted (source_idx={idx}, policy=error, "
@@ -306,6 +308,25 @@ class MixedLoader(TimelineMixin):
         self._restarted_empty[u] = True
         self.restarts[idx] += 1
         logger.info("mix source %d exhausted; restarted at epoch %d", idx, epoch)
+
+    def _all_ended_with(self, idx: int) -> bool:
+        """Under ``"error"``: whether every other active source has ended too (each is asked
+        for one more batch; one that still has a batch means the mixture would have run on
+        without ``idx``, the error's case). If all have ended, all are deactivated."""
+        seen = {self._slot[idx]}
+        for j, source in enumerate(self.sources):
+            if not self._sched.active[j] or self._slot[j] in seen:
+                continue
+            seen.add(self._slot[j])
+            try:
+                next(source)
+            except StopIteration:
+                self.exhausted_total[j] += 1
+                continue
+            return False
+        for j in range(len(self.sources)):
+            self._sched.deactivate(j)
+        return True
 
     def _restart(self, u: int, how: Callable[[], None]) -> None:
         """Run ``how`` (a ``set_epoch`` / ``load_state_dict`` of unique source ``u``), keeping
@@ -556,7 +577,8 @@ def mix(sources: Sequence[Any], *, weights: Sequence[float] | None = None, seed:
             (``[0.7, 0.3]`` is ``[7, 3]``). Default: equal.
         seed, epoch: the schedule's tie break starts at ``(seed + epoch) mod len(sources)``.
         starvation: ticks a source may go unpicked before ``mix_source_starvation_total`` counts it.
-        on_source_exhausted: ``"error"`` (raise ``LoaderError`` when any source ends), ``"drop"``
+        on_source_exhausted: ``"error"`` (raise ``LoaderError`` when a source ends while another
+            still has batches; sources that all end together just end the mix), ``"drop"``
             (mx8's ``"allow"``: continue with the others until all end) or ``"restart"`` (start that
             source's next epoch and continue; the mix then never ends).
         resume: a token from ``MixedLoader.checkpoint()`` (or its ``state_dict()``); every source
