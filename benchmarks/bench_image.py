@@ -8,16 +8,24 @@ reads every image once per timed pass; peers are interleaved over ``--rounds`` r
 ``--repeat`` passes and each keeps its best (img/s, and CPU ms per image including worker
 processes, which is the cost of the decode work whatever the load on the machine).
 
-Peers:
-* headrace: ``headrace.image(store, resize=(224, 224), float_out=False, layout="NHWC")``.
-* ceiling: the same decoder (simplejpeg, full size) + resize (cv2, headrace's filter policy) in a
-  plain ``ThreadPoolExecutor`` over the files, no loader. ``ceiling+dct`` runs headrace's own
-  ``decode()`` (DCT scaling) the same way: the best any loader could do with that decoder.
+Peers (uint8 NHWC unless named "default"):
+* headrace-default: ``headrace.image(store, batch=64, resize=(224, 224))`` with nothing else set:
+  what a user gets (float32 NCHW in [0, 1], ``interpolation="auto"``).
+* headrace: the same with ``float_out=False, layout="NHWC"`` (the ceiling's output).
+* headrace-linear: that with ``interpolation="linear"``: equal work to ``ceiling-linear``.
+* ceiling-linear: simplejpeg full-size decode + ``cv2.resize(INTER_LINEAR)`` in a plain
+  ``ThreadPoolExecutor`` over the files, no loader: the plain thread pool a user would write.
+* ceiling: the same decoder with headrace's ``auto`` filter policy (``resize_into``).
+  ``ceiling+dct`` runs headrace's own ``decode()`` (DCT scaling) the same way: the best any loader
+  could do with that decoder.
 * grain: ``MapDataset`` with the ceiling's decoder, ``ReadOptions(num_threads=2)``, batch 64.
 * torch: ``DataLoader(num_workers=2)`` over an ImageFolder-style dataset decoding with PIL
   (``open().convert("RGB").resize((224, 224), BILINEAR)``) -- torchvision's ImageFolder cannot be
   installed beside torch 2.13.0 here, so this is the equivalent it would run.
-* mx8: ``mx8.image(pack, resize=(224, 224), float_out=False)`` with ``MX8_DECODE_BACKEND=rust``.
+* mx8-default: ``mx8.image(pack, batch=64, resize=(224, 224))`` (float32 NCHW, its default) with
+  ``MX8_DECODE_BACKEND=rust``; mx8: the same with ``float_out=False``.
+* DALI's CPU pipeline is not installable here (no wheel for this platform/Python), so it has no
+  row.
 
 Second scenario, the ImageNet training crop (RandomResizedCrop to 224x224, same boxes for both):
 * headrace-rrc: ``headrace.image(store, random_resized_crop=(224, 224), ...)``: the box is picked
@@ -43,8 +51,11 @@ import numpy as np
 
 OUT = (224, 224)
 BATCH = 64
-PEERS = ["headrace", "ceiling", "ceiling+dct", "grain", "torch", "mx8", "headrace-rrc",
-         "ceiling-rrc"]
+PEERS = ["headrace-default", "headrace", "headrace-linear", "ceiling-linear", "ceiling",
+         "ceiling+dct", "grain", "torch", "mx8-default", "mx8", "headrace-rrc", "ceiling-rrc"]
+# The row each peer's img/s and CPU are compared with: the plain linear thread pool, or the
+# same-box full-decode pool for the RandomResizedCrop scenario.
+BASE = "ceiling-linear"
 
 
 def make_dataset(root: str, n: int, seed: int = 0) -> None:
@@ -108,15 +119,33 @@ def read(path: str) -> bytes:
 
 # -- peers (each runs in its own process) ----------------------------------------------------------
 
-def run_headrace(a: argparse.Namespace) -> int:
-    import headrace
-
+def _drain(ld, a: argparse.Namespace) -> int:
     n = 0
-    with headrace.image(a.store, batch=BATCH, resize=OUT, float_out=False, layout="NHWC",
-                        threads=a.threads) as ld:
+    with ld:
+        a.cap_mb = ld.config.max_inflight_bytes / 2**20
         for images, _labels in ld:
             n += len(images)
     return n
+
+
+def run_headrace_default(a: argparse.Namespace) -> int:
+    import headrace
+
+    return _drain(headrace.image(a.store, batch=BATCH, resize=OUT, threads=a.threads), a)
+
+
+def run_headrace(a: argparse.Namespace) -> int:
+    import headrace
+
+    return _drain(headrace.image(a.store, batch=BATCH, resize=OUT, float_out=False,
+                                 layout="NHWC", threads=a.threads), a)
+
+
+def run_headrace_linear(a: argparse.Namespace) -> int:
+    import headrace
+
+    return _drain(headrace.image(a.store, batch=BATCH, resize=OUT, float_out=False,
+                                 layout="NHWC", interpolation="linear", threads=a.threads), a)
 
 
 def _pool_pass(a: argparse.Namespace, fn) -> int:
@@ -135,6 +164,17 @@ def _pool_pass(a: argparse.Namespace, fn) -> int:
 
 def run_ceiling(a: argparse.Namespace) -> int:
     return _pool_pass(a, naive_decode)
+
+
+def run_ceiling_linear(a: argparse.Namespace) -> int:
+    import cv2
+    import simplejpeg
+
+    def one(data: bytes) -> np.ndarray:
+        full = simplejpeg.decode_jpeg(data, colorspace="RGB")
+        return cv2.resize(full, OUT[::-1], interpolation=cv2.INTER_LINEAR)
+
+    return _pool_pass(a, one)
 
 
 def run_ceiling_dct(a: argparse.Namespace) -> int:
@@ -181,27 +221,31 @@ def run_torch(a: argparse.Namespace) -> int:
     return sum(len(x) for x, _ in dl)
 
 
-def run_mx8(a: argparse.Namespace) -> int:
+def _mx8(a: argparse.Namespace, **kw) -> int:
     os.environ["MX8_DECODE_BACKEND"] = "rust"
     import mx8
 
     n = 0
-    ld = mx8.image(a.mx8, batch=BATCH, resize=OUT, float_out=False)
+    ld = mx8.image(a.mx8, batch=BATCH, resize=OUT, **kw)
     for images, _labels in ld:
         n += len(images)
     ld.close()
     return n
 
 
+def run_mx8(a: argparse.Namespace) -> int:
+    return _mx8(a, float_out=False)
+
+
+def run_mx8_default(a: argparse.Namespace) -> int:
+    return _mx8(a)
+
+
 def run_headrace_rrc(a: argparse.Namespace) -> int:
     import headrace
 
-    n = 0
-    with headrace.image(a.store, batch=BATCH, random_resized_crop=OUT, float_out=False,
-                        layout="NHWC", threads=a.threads) as ld:
-        for images, _labels in ld:
-            n += len(images)
-    return n
+    return _drain(headrace.image(a.store, batch=BATCH, random_resized_crop=OUT, float_out=False,
+                                 layout="NHWC", threads=a.threads), a)
 
 
 def run_ceiling_rrc(a: argparse.Namespace) -> int:
@@ -229,9 +273,23 @@ def run_ceiling_rrc(a: argparse.Namespace) -> int:
     return n
 
 
-RUNNERS = {"headrace": run_headrace, "ceiling": run_ceiling, "ceiling+dct": run_ceiling_dct,
-           "grain": run_grain, "torch": run_torch, "mx8": run_mx8,
+RUNNERS = {"headrace-default": run_headrace_default, "headrace": run_headrace,
+           "headrace-linear": run_headrace_linear, "ceiling-linear": run_ceiling_linear,
+           "ceiling": run_ceiling, "ceiling+dct": run_ceiling_dct, "grain": run_grain,
+           "torch": run_torch, "mx8-default": run_mx8_default, "mx8": run_mx8,
            "headrace-rrc": run_headrace_rrc, "ceiling-rrc": run_ceiling_rrc}
+# What each peer gets with its own defaults (the "defaults" comparison).
+DEFAULTS = ("mx8-default", "torch", "grain")
+
+
+def _rss_mb(field: str) -> float:
+    """VmHWM (peak) or VmRSS of this process; not ru_maxrss, which Linux carries across exec, so
+    a child would report its parent's peak."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _cpu_s() -> float:
@@ -242,6 +300,13 @@ def _cpu_s() -> float:
 
 def child(a: argparse.Namespace) -> None:
     fn = RUNNERS[a.peer]
+    import cv2  # noqa: F401  (every peer's imports are in the baseline, not in its peak)
+    import simplejpeg  # noqa: F401
+
+    import headrace  # noqa: F401
+
+    base_rss = _rss_mb("VmRSS")
+    a.cap_mb = None
     best = best_cpu = float("inf")
     n = 0
     for _ in range(a.repeat):
@@ -249,11 +314,60 @@ def child(a: argparse.Namespace) -> None:
         n = fn(a)
         best = min(best, time.perf_counter() - t)
         best_cpu = min(best_cpu, _cpu_s() - c)
-    ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    ru_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    ru_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(json.dumps({"peer": a.peer, "images": n, "seconds": best, "img_s": n / best,
                       "cpu_ms_per_img": 1e3 * best_cpu / max(n, 1),
-                      "peak_rss_mb": max(ru, ru_children) / 1024}))
+                      "peak_rss_mb": max(_rss_mb("VmHWM"), ru_children),
+                      "base_rss_mb": base_rss, "cap_mb": a.cap_mb}))
+
+
+def _base(peer: str) -> str:
+    return "ceiling-rrc" if peer.endswith("-rrc") else BASE
+
+
+def _round_ratio(rounds: list[dict[str, float]], a: str, b: str) -> str:
+    """Median over the rounds of a's img/s over b's in the same round (load from elsewhere on the
+    machine hits both alike), with the range."""
+    rs = sorted(r[a] / r[b] for r in rounds if a in r and b in r)
+    if not rs:
+        return "-"
+    med = float(np.median(rs))
+    return f"{med:.2f}x" + (f" ({rs[0]:.2f}-{rs[-1]:.2f})" if len(rs) > 1 else "")
+
+
+def report(results: dict[str, dict[str, float]], rounds: list[dict[str, float]]) -> None:
+    print(f"{'peer':<17} {'img/s':>7} {'vs ' + BASE + ' per round':>27} {'CPU ms/img':>11} "
+          f"{'CPU vs base':>12} {'peak RSS MB':>12} {'above imports':>14} {'cap MB':>7}")
+    for peer, r in results.items():
+        base = results.get(_base(peer))
+        cratio = f"{base['cpu_ms_per_img'] / r['cpu_ms_per_img']:.2f}x" if base else "-"
+        cap = f"{r['cap_mb']:.0f}" if r.get("cap_mb") is not None else "-"
+        print(f"{peer:<17} {r['img_s']:>7.0f} {_round_ratio(rounds, peer, _base(peer)):>27} "
+              f"{r['cpu_ms_per_img']:>11.2f} {cratio:>12} {r['peak_rss_mb']:>12.0f} "
+              f"{r['peak_rss_mb'] - r['base_rss_mb']:>14.0f} {cap:>7}")
+    goals = []
+    if "headrace-default" in results:
+        for peer in (*DEFAULTS, BASE):
+            if peer in results:
+                goals.append((f"headrace-default vs {peer}", "headrace-default", peer, 1.0))
+    for a_, b_, want in (("headrace-linear", BASE, 1.3), ("headrace", "ceiling", 1.3),
+                         ("headrace-rrc", "ceiling-rrc", 1.0)):
+        if a_ in results and b_ in results:
+            goals.append((f"equal work: {a_} vs {b_}", a_, b_, want))
+    if goals:
+        print("\ngoals (img/s ratio, median of per-round ratios; CPU ratio of the best rounds):")
+    for label, a_, b_, want in goals:
+        cpu = results[b_]["cpu_ms_per_img"] / results[a_]["cpu_ms_per_img"]
+        ratio = _round_ratio(rounds, a_, b_)
+        ok = ratio != "-" and float(ratio.split("x")[0]) >= want
+        print(f"  {label:<45} {ratio:>18}  CPU {cpu:.2f}x  goal >= {want:.1f}x: "
+              f"{'met' if ok else 'NOT met'}")
+    for peer, r in results.items():
+        if r.get("cap_mb") is not None:
+            above = r["peak_rss_mb"] - r["base_rss_mb"]
+            ok = above <= r["cap_mb"] + 64
+            print(f"  memory {peer:<38} {above:>6.0f} MB above imports, cap {r['cap_mb']:.0f} MB "
+                  f"+ 64: {'met' if ok else 'NOT met'}")
 
 
 def main() -> None:
@@ -302,7 +416,9 @@ def main() -> None:
     # land on one peer only; each peer keeps its best round. CPU ms per image (process plus
     # worker processes) is reported too: it is what the decode work costs, load or not.
     results: dict[str, dict[str, float]] = {}
+    rounds: list[dict[str, float]] = []  # img/s per peer, per round
     for _ in range(a.rounds):
+        this: dict[str, float] = {}
         for peer in peers:
             cmd = [sys.executable, __file__, "--peer", peer, "--root", root, "--store", store,
                    "--mx8", pack, "--repeat", str(a.repeat), "--threads", str(a.threads)]
@@ -311,20 +427,15 @@ def main() -> None:
                 print(f"{peer}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
                 continue
             r = json.loads(out.stdout.strip().splitlines()[-1])
+            this[peer] = r["img_s"]
             old = results.get(peer)
             if old is not None:
                 r["img_s"] = max(r["img_s"], old["img_s"])
                 r["cpu_ms_per_img"] = min(r["cpu_ms_per_img"], old["cpu_ms_per_img"])
                 r["peak_rss_mb"] = max(r["peak_rss_mb"], old["peak_rss_mb"])
             results[peer] = r
-    print(f"{'peer':<13} {'img/s':>8} {'vs ceiling':>11} {'CPU ms/img':>11} "
-          f"{'vs ceiling':>11} {'peak RSS MB':>12}")
-    for peer, r in results.items():
-        base = results.get("ceiling-rrc" if peer.endswith("-rrc") else "ceiling")
-        ratio = f"{r['img_s'] / base['img_s']:.2f}x" if base else "-"
-        cratio = f"{base['cpu_ms_per_img'] / r['cpu_ms_per_img']:.2f}x" if base else "-"
-        print(f"{peer:<13} {r['img_s']:>8.0f} {ratio:>11} {r['cpu_ms_per_img']:>11.2f} "
-              f"{cratio:>11} {r['peak_rss_mb']:>12.0f}")
+        rounds.append(this)
+    report(results, rounds)
     if tmp is not None:
         tmp.cleanup()
 

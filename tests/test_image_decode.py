@@ -130,12 +130,35 @@ def test_resize_agrees_with_pillow_where_the_filters_coincide():
     assert np.abs(down - pil_down).max() <= 1
 
 
-def test_auto_interpolation_picks_area_from_2x():
+def test_auto_interpolation_picks_linear_below_2x_and_area_from_4x():
     img = photo("coffee")
     got = resize_into(img, (100, 150), interpolation="auto")  # 4x
     np.testing.assert_array_equal(got, resize_into(img, (100, 150), interpolation="area"))
     got = resize_into(img, (300, 450), interpolation="auto")  # 1.33x
     np.testing.assert_array_equal(got, resize_into(img, (300, 450), interpolation="linear"))
+
+
+@pytest.mark.parametrize(("name", "out"), [("coffee", (160, 224)), ("astronaut", (224, 224)),
+                                           ("chelsea", (100, 224)), ("rocket", (150, 240))])
+def test_auto_between_2x_and_4x_is_antialiased_like_exact_area(name, out):
+    # 2x..4x: bilinear to twice the output, then a 2x2 box. Against a neutral antialiased
+    # reference (Lanczos on the same pixels, float) it must be as close as exact area averaging,
+    # and much closer than plain bilinear, which aliases at these factors.
+    img = photo(name)
+    ref = np.asarray(Image.fromarray(img).resize(out[::-1], Image.Resampling.LANCZOS),
+                     np.float64)
+    auto = resize_into(img, out, interpolation="auto").astype(np.float64)
+    area = resize_into(img, out, interpolation="area").astype(np.float64)
+    linear = resize_into(img, out, interpolation="linear").astype(np.float64)
+    assert 2 <= max(img.shape[0] / out[0], img.shape[1] / out[1]) < 4
+    err = {k: np.abs(v - ref).mean() for k, v in (("auto", auto), ("area", area),
+                                                  ("linear", linear))}
+    assert err["auto"] <= err["area"] + 0.25, err
+    assert err["auto"] < err["linear"], err
+    assert np.abs(auto - area).mean() < 1.0
+    dst = np.zeros((*out, 3), np.uint8)
+    assert resize_into(img, out, out=dst, interpolation="auto") is dst
+    np.testing.assert_array_equal(dst, auto)
 
 
 def test_crop_box_is_exact_slicing_without_resize():
