@@ -40,8 +40,15 @@ import numpy as np
 
 from headrace._base.errors import ConfigError, HeadraceError, LoaderError, MemoryCapError
 from headrace._engine import checkpoint as _checkpoint
+from headrace._engine.autotune import Signals, Tuner, tune_max_threads
 from headrace._engine.budget import ByteBudget
-from headrace._engine.config import Constraints, ResolvedConfig, RuntimeConfig, resolve_config
+from headrace._engine.config import (
+    Constraints,
+    ResolvedConfig,
+    RuntimeConfig,
+    default_threads,
+    resolve_config,
+)
 from headrace._engine.history import delivered, token_at, tracked
 from headrace._engine.keywords import checked
 from headrace._engine.launcher import resolve as resolve_launch
@@ -91,7 +98,7 @@ class _Engine:
     def __init__(self, *, source: Source, order: Order | None, offset: int, steps: Iterator[Step],
                  transform: Transform | None, transform_nbytes: Callable[[int], int] | None,
                  cfg: ResolvedConfig, budget: ByteBudget, counters: LoaderCounters,
-                 length: int = 0) -> None:
+                 length: int = 0, tuner: Tuner | None = None) -> None:
         self.source = source
         self.order = order
         self.offset = offset
@@ -101,12 +108,17 @@ class _Engine:
         self.length = length
         self.transform_nbytes = transform_nbytes
         self.cfg = cfg
-        self.window = cfg.window_batches
+        # A tuned engine starts every thread it may use and parks those past ``active``
+        # (``resize``); the window is the tuner's. Either way batches reserve bytes as always.
+        count = cfg.threads if tuner is None else tuner.max_threads
+        self.active = cfg.threads if tuner is None else tuner.threads
+        self.window = cfg.window_batches if tuner is None else tuner.window
         self.budget = budget
         self.counters = counters
         self.lock = threading.Lock()
         self.ready_cv = threading.Condition(self.lock)  # the consumer waits here
         self.space_cv = threading.Condition(self.lock)  # the dispatching worker waits here
+        self.park_cv = threading.Condition(self.lock)  # workers past ``active`` wait here
         self.dispatch_lock = threading.Lock()
         self.ready: dict[int, _Result] = {}
         self.next_dispatch = 0
@@ -123,10 +135,10 @@ class _Engine:
         # Seconds each worker spent in [gather, transform]; one slot per
         # worker, so each is written by one thread only and no lock is needed.
         # The last slot is the consumer's (batches it gathers inline, see take()).
-        self.busy = [[0.0, 0.0] for _ in range(cfg.threads + 1)]
+        self.busy = [[0.0, 0.0] for _ in range(count + 1)]
         self.threads = [threading.Thread(target=self._work, args=(i,),
                                          name=f"headrace-worker-{i}", daemon=True)
-                        for i in range(cfg.threads)]
+                        for i in range(count)]
         for t in self.threads:
             t.start()
 
@@ -229,6 +241,8 @@ class _Engine:
     def _work(self, slot: int) -> None:
         busy = self.busy[slot]
         while True:
+            if slot >= self.active and not self._park(slot):
+                return
             try:
                 task = self._next_task()
             except BaseException as e:  # e.g. the step plan raised: never leave the consumer waiting
@@ -239,6 +253,29 @@ class _Engine:
             if task is None:
                 return
             self._run(task, busy)
+
+    def _park(self, slot: int) -> bool:
+        """Wait while the tuner keeps worker ``slot`` inactive; False once closed."""
+        with self.lock:
+            while slot >= self.active and not self.closed:
+                self.park_cv.wait()
+            return not self.closed
+
+    def resize(self, threads: int, window: int) -> None:
+        """Run ``threads`` workers with a window of ``window`` batches (the tuner's setting).
+
+        A smaller window only delays the next dispatch until deliveries catch up; bytes are
+        still reserved per batch, so the byte and RAM caps hold through any resize.
+        """
+        with self.lock:
+            self.active = max(1, min(threads, len(self.threads)))
+            self.window = max(1, window)
+            self.park_cv.notify_all()
+            self.space_cv.notify_all()
+
+    def worker_busy_seconds(self) -> float:
+        """Gather and transform seconds of the worker threads (not the consumer's)."""
+        return sum(b[0] + b[1] for b in self.busy[:-1])
 
     def _run(self, task: _Result, busy: list[float], *, inline: bool = False) -> None:
         """Gather and transform one reserved batch, then post it (or its error) in order.
@@ -393,6 +430,7 @@ class _Engine:
             self.closed = True
             self.ready_cv.notify_all()
             self.space_cv.notify_all()
+            self.park_cv.notify_all()
         self.budget.close()
         me = threading.current_thread()
         for t in self.threads:
@@ -433,6 +471,15 @@ def resolve_order(order: Any, shuffle: bool) -> Any:
     if shuffle and as_mode(order) is not Mode.SHUFFLE:
         raise ConfigError(f"shuffle=True conflicts with order={order!r}; pass only one")
     return order
+
+
+def check_tune(tune: Any) -> bool:
+    """``tune=`` as a bool (``None``: off, mx8's unset)."""
+    if tune is None:
+        return False
+    if not isinstance(tune, bool | np.bool_):
+        raise ConfigError(f"tune must be True or False, got {tune!r}")
+    return bool(tune)
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -502,6 +549,10 @@ class Loader:
             records); a single record larger than it is a ``ConfigError``.
         target_bytes: soft per-batch byte target with mx8's band: once a batch holds 85% of
             it, the batch ends before a record that would take it past 115%.
+        tune: adjust the active worker threads (up to ``threads``, or a default ceiling) and
+            the prefetch depth while running, to keep the consumer from waiting; batches still
+            reserve their bytes, so ``inflight``/``ram_gb`` stay hard caps, and order, batches
+            and checkpoints are the same as untuned (``docs/autotune.md``).
 
     Raises:
         ConfigError: a bad knob, or a cap smaller than one batch (the message says the minimum).
@@ -525,7 +576,8 @@ class Loader:
                  constraints: Constraints | None = None, runtime: RuntimeConfig | None = None,
                  resume: bytes | None = None, close_source: bool | None = None,
                  budget: ByteBudget | None = None, timeline: bool | float = False,
-                 batch_bytes: int | None = None, target_bytes: int | None = None) -> None:
+                 batch_bytes: int | None = None, target_bytes: int | None = None,
+                 tune: bool = False) -> None:
         # The settings as given; budget= lets a mix hand every source one shared byte budget
         # (a _shared_budget.BudgetShare).
         self._init_kwargs = {k: v for k, v in locals().items() if k not in ("self", "source")}
@@ -533,6 +585,8 @@ class Loader:
         self._closed = False
         self._ckpt: tuple[str, Callable[[int, int], bytes]] | None = None
         self._timeline: Recorder | None = None
+        self._tuner: Tuner | None = None
+        self._tune = check_tune(tune)
         if timeline is True:  # True = the default period, a number = period_s
             self.enable_timeline()
         elif timeline is not False:
@@ -620,6 +674,8 @@ class Loader:
             self._agree_with_ranks()
         self._plan = self._make_plan()
         self._check_first_batch()
+        if self._tune:
+            self._make_tuner()
         self._start()
 
     def _adopt(self, token: Any) -> None:
@@ -668,7 +724,7 @@ class Loader:
                                steps=self._plan.steps(), transform=self._transform,
                                transform_nbytes=self._transform_nbytes, cfg=self._cfg,
                                budget=self._budget, counters=self._counters,
-                               length=self.length)
+                               length=self.length, tuner=self._tuner)
         self._finalizer = weakref.finalize(self, _finalize, self._engine, self.source,
                                            self._owns_source)
 
@@ -694,7 +750,47 @@ class Loader:
             budget = renew() if renew is not None else ByteBudget(self._cfg.max_inflight_bytes)
         self._budget = budget
         self._plan = self._make_plan()
+        if self._tuner is not None:  # what the tuner learnt holds; measuring starts afresh
+            self._tuner.reset(self._window_room())
         self._start()
+
+    # -- autotune --------------------------------------------------------------------------------
+
+    def _window_room(self) -> int:
+        """The most batches a tuned window may hold: the queue cap, and as many of the largest
+        batch measured as the byte budget holds (more could only wait on the budget)."""
+        need = max(1, self._batch_need())
+        return max(1, min(self._cfg.max_queue_batches, self._budget.cap_bytes // need))
+
+    def _make_tuner(self) -> None:
+        cfg = self._cfg
+        given = cfg.threads if cfg.sources["threads"] == "threads=" else None
+        self._tuner = Tuner(max_threads=tune_max_threads(given, default_threads()),
+                            max_window=self._window_room())
+
+    def _signals(self, engine: _Engine, now: float) -> Signals:
+        c = self._counters
+        return Signals(now=now, batches=c.delivered_batches, consumer_wait_s=c.consumer_wait_s,
+                       busy_s=engine.worker_busy_seconds(),
+                       capped_s=self._budget.wait_seconds + c.ram_wait_s,
+                       ram_wait_s=c.ram_wait_s)
+
+    def _tune_step(self, engine: _Engine, now: float) -> None:
+        tuner = self._tuner
+        assert tuner is not None
+        if tuner.step(self._signals(engine, now)):
+            engine.resize(tuner.threads, tuner.window)
+
+    def enable_tune(self) -> None:
+        """Turn autotuning on for this loader (``tune=True`` after construction; ``headrace.mix``
+        uses it for its sources). The threads restart at the delivered position."""
+        if self._tuner is not None:
+            return
+        if self._closed:
+            raise LoaderError(self._why_over())
+        self._tune = True
+        self._make_tuner()
+        self._restart()
 
     def _agree_with_ranks(self) -> None:
         """Every rank must read the same data in the same order with the same batch and tail,
@@ -809,8 +905,12 @@ class Loader:
         self._fresh = False
         self._counters.on_delivery(samples=len(result.ids), nbytes=payload_nbytes(result.batch),
                                    waited_s=waited)
+        now = t0 + waited
+        tuner = self._tuner
+        if tuner is not None and now >= tuner.next_at:  # one compare per batch otherwise
+            self._tune_step(engine, now)
         tl = self._timeline
-        if tl is not None and t0 + waited >= tl.next_at:  # one compare per batch otherwise
+        if tl is not None and now >= tl.next_at:  # one compare per batch otherwise
             tl.record(self.stats())
         return result.batch
 
@@ -944,6 +1044,13 @@ class Loader:
             "rank": self.rank,
             "world_size": self.world_size,
         })
+        tuner = self._tuner
+        if tuner is not None:  # the tuner's current setting replaces the fixed one
+            s["autotune_enabled"] = True
+            s.update(tuner.stats())
+            s["threads"] = tuner.threads
+            s["prefetch_batches"] = tuner.prefetch
+            s["effective_max_queue_batches"] = tuner.window
         return s
 
     def enable_timeline(self, *, period_s: float = 0.5, capacity: int = 512) -> None:

@@ -1,0 +1,269 @@
+"""The autotuner: worker threads and prefetch depth adjusted while a loader runs (``tune=True``).
+
+The tuner only moves two knobs of a running engine: how many of its worker threads are active
+(``1 .. max_threads``) and its prefetch depth, which together set the dispatch window (batches
+dispatched but not delivered, ``min(max_queue_batches, threads + prefetch)``). Every batch still
+reserves its bytes in the byte budget and waits on the RAM cap before it is read, exactly as with
+fixed knobs, so the caps stay hard caps whatever the tuner decides. Order and batch content do
+not depend on the thread count (batches are posted by number), so tuning never changes what is
+delivered nor what a checkpoint says; the tuner's state is not checkpointed.
+
+Signals, measured over an interval of at least ``min_batches`` delivered batches and
+``min_seconds`` (the consumer's ``next()`` steps the tuner; a clock compare per batch otherwise):
+
+* ``wait``: the share of the interval the consumer spent waiting for batches;
+* ``busy``: the share of the active workers' time spent gathering and transforming;
+* ``capped``: the share of the interval producers spent blocked on the byte budget or RAM cap;
+* ``rate``: batches delivered per second.
+
+Decisions, one per interval:
+
+* the consumer waits (``wait > WAIT_HIGH``) and the workers are busy: more threads, toward the
+  parallelism the measured per-batch work needs (``work per batch / consumer time per batch``), at
+  most doubling; the workers are not busy: one more batch of prefetch (the window is what
+  limits). Never past the byte budget's room (``budget // bytes per batch`` batches in the
+  window) and never while producers already wait on a cap.
+* every increase is checked on the next interval: when the rate did not rise by ``GAIN`` or
+  more, it is undone and that knob is not raised again for a cooldown that doubles on each
+  failure (hysteresis: no oscillating between two settings);
+* the consumer has not waited (``wait < WAIT_LOW``) for ``CALM`` intervals: one step down, the
+  prefetch first, then a thread when the others could carry its work, to give memory back; a
+  step down after which the consumer waits again is undone with the same doubling cooldown;
+* producers blocked on the RAM cap: the prefetch is lowered.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Signals", "Tuner", "tune_max_threads"]
+
+WAIT_HIGH = 0.05  # the consumer waited this share of the time or more: the loader limits it
+WAIT_LOW = 0.01  # below this share the consumer is not held up
+GAIN = 0.05  # an increase must raise the delivered rate by this much to be kept
+CALM = 3  # intervals without waiting before a step down
+BUSY = 0.6  # workers busy this share of their time: more of them would help
+COOLDOWN_S = 0.5  # the first cooldown after an undone change; doubles on each failure
+
+
+def tune_max_threads(threads: int | None, default: int) -> int:
+    """The most threads a tuned loader may run: ``threads=`` when given (a ceiling), else twice
+    the default (I/O-bound sources gain from more threads than cores), at least 8."""
+    return threads if threads is not None else max(8, 2 * default)
+
+
+@dataclass(frozen=True)
+class Signals:
+    """Cumulative readings the tuner differentiates (seconds and counts since the engine started).
+
+    ``busy_s`` counts the worker threads' gather and transform time (not the consumer's).
+    """
+
+    now: float
+    batches: int
+    consumer_wait_s: float
+    busy_s: float
+    capped_s: float
+    ram_wait_s: float
+
+
+@dataclass
+class _Move:
+    knob: str  # "threads" or "prefetch"
+    before: int
+    rate_before: float
+    up: bool
+
+
+class Tuner:
+    """Decides the active threads and the prefetch of one engine (see the module docstring).
+
+    Args:
+        max_threads: the ceiling of active threads (>= 1).
+        max_window: the most batches the window may hold: the queue cap, and what the byte
+            budget holds of the largest batch measured so far.
+        threads, prefetch: where to start (the smallest setting, by default: the tuner grows
+            from there only while the consumer waits, so it never holds more than it needs).
+        min_batches, min_seconds: the shortest interval a decision is based on.
+    """
+
+    def __init__(self, *, max_threads: int, max_window: int, threads: int = 1, prefetch: int = 0,
+                 min_batches: int = 8, min_seconds: float = 0.05) -> None:
+        self.max_threads = max(1, max_threads)
+        self.max_window = max(1, max_window)
+        self.threads = max(1, min(threads, self.max_threads, self.max_window))
+        self.prefetch = max(0, min(prefetch, self.max_window - self.threads))
+        self.min_batches = min_batches
+        self.min_seconds = min_seconds
+        self.adjustments = 0
+        self.reverted = 0
+        self.last_reason = "not measured yet"
+        self.next_at = 0.0  # the consumer steps the tuner once time passes this
+        self._last: Signals | None = None
+        self._move: _Move | None = None
+        self._calm = 0
+        self._cool_until = {"threads": 0.0, "prefetch": 0.0, "down": 0.0}
+        self._cool_s = {"threads": COOLDOWN_S, "prefetch": COOLDOWN_S, "down": COOLDOWN_S}
+        self.rate = 0.0
+        self.wait = 0.0
+        self.busy = 0.0
+
+    @property
+    def window(self) -> int:
+        return max(1, min(self.max_window, self.threads + self.prefetch))
+
+    def start(self, signals: Signals) -> None:
+        """Begin measuring from ``signals`` (after the first batch: start-up is not a wait)."""
+        self._last = signals
+        self.next_at = signals.now + self.min_seconds
+
+    def step(self, signals: Signals) -> bool:
+        """One decision from the interval since the last one; True when a knob changed."""
+        last = self._last
+        if last is None:
+            self.start(signals)
+            return False
+        dt = signals.now - last.now
+        db = signals.batches - last.batches
+        if db < self.min_batches or dt < self.min_seconds:
+            self.next_at = signals.now + max(0.0, self.min_seconds - dt) / 2
+            return False
+        self._last = signals
+        self.next_at = signals.now + self.min_seconds
+        self.rate = db / dt
+        self.wait = min(1.0, (signals.consumer_wait_s - last.consumer_wait_s) / dt)
+        self.busy = min(1.0, (signals.busy_s - last.busy_s) / (dt * self.threads))
+        capped = (signals.capped_s - last.capped_s) / dt
+        ram = signals.ram_wait_s - last.ram_wait_s
+        # per batch: the workers' work, and the consumer's own time between batches
+        work = (signals.busy_s - last.busy_s) / db
+        own = max(dt - (signals.consumer_wait_s - last.consumer_wait_s), 0.0) / db
+        before = (self.threads, self.prefetch)
+        self._decide(signals.now, capped, ram > 0, work, own)
+        return (self.threads, self.prefetch) != before
+
+    # -- the decision ----------------------------------------------------------------------------
+
+    def _decide(self, now: float, capped: float, ram_blocked: bool, work: float,
+                own: float) -> None:
+        move, self._move = self._move, None
+        if move is not None and self._judge(move, now):
+            return
+        if ram_blocked and self.prefetch > 0:
+            self._set("prefetch", self.prefetch - 1, now, up=False,
+                      why="producers waited on the RAM cap")
+            return
+        if self.wait > WAIT_HIGH:
+            self._calm = 0
+            self._grow(now, capped, work, own)
+            return
+        if self.wait < WAIT_LOW:
+            self._calm += 1
+            if self._calm >= CALM:
+                self._calm = 0
+                self._shrink(now)
+            else:
+                self.last_reason = f"holding: the consumer waited {self.wait:.1%}"
+            return
+        self._calm = 0
+        self.last_reason = f"holding: the consumer waited {self.wait:.1%}"
+
+    def _judge(self, move: _Move, now: float) -> bool:
+        """Undo ``move`` when it did not pay; True when it was undone."""
+        if move.up:
+            gained = self.rate >= move.rate_before * (1 + GAIN)
+            if gained or self.wait < WAIT_LOW:
+                return False
+            why = (f"{move.knob} {getattr(self, move.knob)} -> {move.before}: the rate went "
+                   f"{move.rate_before:.1f} -> {self.rate:.1f} batches/s (< +{GAIN:.0%})")
+            self._undo(move, move.knob, now, why)
+            return True
+        if self.wait <= WAIT_HIGH:
+            return False
+        why = (f"{move.knob} {getattr(self, move.knob)} -> {move.before}: the consumer waited "
+               f"{self.wait:.1%} after the step down")
+        self._undo(move, "down", now, why)
+        return True
+
+    def _undo(self, move: _Move, cool: str, now: float, why: str) -> None:
+        setattr(self, move.knob, move.before)
+        self._clamp()
+        self._cool_until[cool] = now + self._cool_s[cool]
+        self._cool_s[cool] *= 2
+        self.adjustments += 1
+        self.reverted += 1
+        self.last_reason = "undone " + why
+
+    def _grow(self, now: float, capped: float, work: float, own: float) -> None:
+        if capped > self.wait / 2:
+            self.last_reason = (f"at a cap: producers waited {capped:.1%} of the time on the "
+                                "byte budget or RAM cap")
+            return
+        room = self.max_window - self.window
+        if self.busy >= BUSY and self.threads < self.max_threads and \
+                now >= self._cool_until["threads"]:
+            need = math.ceil(1.1 * work / own) if own > 0 else self.max_threads
+            target = min(self.max_threads, 2 * self.threads, max(need, self.threads + 1))
+            # the new threads need room in the window: take it from the prefetch if needed
+            target = min(target, self.threads + room + self.prefetch)
+            if target > self.threads:
+                grow = target - self.threads
+                self.prefetch = max(0, self.prefetch - max(0, grow - room))
+                self._set("threads", target, now, up=True,
+                          why=f"the consumer waited {self.wait:.1%}, workers {self.busy:.0%} busy")
+                return
+        if room > 0 and now >= self._cool_until["prefetch"] and self.busy < BUSY:
+            self._set("prefetch", self.prefetch + 1, now, up=True,
+                      why=f"the consumer waited {self.wait:.1%}, workers {self.busy:.0%} busy")
+            return
+        self.last_reason = (f"the consumer waited {self.wait:.1%}; nothing left to raise "
+                            f"(threads {self.threads}/{self.max_threads}, window "
+                            f"{self.window}/{self.max_window}, or cooling down)")
+
+    def _shrink(self, now: float) -> None:
+        if now < self._cool_until["down"]:
+            self.last_reason = f"holding: the consumer waited {self.wait:.1%} (cooling down)"
+            return
+        if self.prefetch > 0:
+            self._set("prefetch", self.prefetch - 1, now, up=False,
+                      why=f"the consumer waited {self.wait:.1%}: fewer batches held")
+        elif self.threads > 1 and self.busy * self.threads <= BUSY * (self.threads - 1):
+            self._set("threads", self.threads - 1, now, up=False,
+                      why=f"the consumer waited {self.wait:.1%} with workers {self.busy:.0%} busy")
+        else:
+            self.last_reason = f"holding: the consumer waited {self.wait:.1%}"
+
+    def _set(self, knob: str, value: int, now: float, *, up: bool, why: str) -> None:
+        before = getattr(self, knob)
+        setattr(self, knob, value)
+        self._clamp()
+        self._move = _Move(knob, before, self.rate, up)
+        self.adjustments += 1
+        self.last_reason = f"{knob} {before} -> {getattr(self, knob)}: {why}"
+
+    def _clamp(self) -> None:
+        self.threads = max(1, min(self.threads, self.max_threads, self.max_window))
+        self.prefetch = max(0, min(self.prefetch, self.max_window - self.threads))
+
+    def reset(self, max_window: int) -> None:
+        """Keep the setting, start measuring afresh (the engine restarted, e.g. on a new byte
+        budget whose room is ``max_window`` batches)."""
+        self.max_window = max(1, max_window)
+        self._clamp()
+        self._last = None
+        self._move = None
+        self.next_at = 0.0
+
+    def stats(self) -> dict[str, Any]:
+        """The tuner's readings and decisions, for ``stats()``."""
+        return {"autotune_threads": self.threads, "autotune_prefetch_batches": self.prefetch,
+                "autotune_max_threads": self.max_threads,
+                "autotune_max_window_batches": self.max_window,
+                "autotune_adjustments": self.adjustments, "autotune_reverted": self.reverted,
+                "autotune_last_reason": self.last_reason,
+                "autotune_consumer_wait_fraction": self.wait,
+                "autotune_worker_busy_fraction": self.busy,
+                "autotune_batches_per_second": self.rate}
+

@@ -1,0 +1,156 @@
+"""The autotuner (``tune=True``): its decisions on measured signals, and a tuned loader's
+guarantees: the same batches and checkpoints as untuned, the caps never passed."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import headrace
+from headrace._engine.autotune import GAIN, Signals, Tuner
+
+
+class Feed:
+    """Cumulative signals of a pipeline whose behaviour each interval is given: ``rate`` batches/s,
+    the consumer waiting ``wait`` of the time, workers busy ``busy`` of the active threads' time."""
+
+    def __init__(self, tuner: Tuner) -> None:
+        self.tuner = tuner
+        self.s = Signals(now=0.0, batches=0, consumer_wait_s=0.0, busy_s=0.0, capped_s=0.0,
+                         ram_wait_s=0.0)
+        tuner.start(self.s)
+
+    def run(self, *, rate: float, wait: float, busy: float, capped: float = 0.0,
+            ram: float = 0.0, dt: float = 0.1) -> bool:
+        s = self.s
+        self.s = Signals(now=s.now + dt, batches=s.batches + max(1, round(rate * dt)),
+                         consumer_wait_s=s.consumer_wait_s + wait * dt,
+                         busy_s=s.busy_s + busy * dt * self.tuner.threads,
+                         capped_s=s.capped_s + (capped + ram) * dt,
+                         ram_wait_s=s.ram_wait_s + ram * dt)
+        return self.tuner.step(self.s)
+
+
+def test_a_waiting_consumer_with_busy_workers_gets_more_threads_while_they_pay() -> None:
+    t = Tuner(max_threads=8, max_window=64)
+    f = Feed(t)
+    rate = 100.0
+    assert f.run(rate=rate, wait=0.9, busy=1.0) and t.threads == 2
+    for _ in range(6):  # each thread adds throughput until 4: then the rate stops rising
+        rate = 100.0 * min(t.threads, 4)
+        f.run(rate=rate, wait=0.5, busy=1.0)
+    assert t.threads == 4, t.last_reason
+    assert t.reverted == 1  # the step past 4 was tried and undone
+    assert t.prefetch == 0  # busy workers: prefetch would not have helped
+
+
+def test_an_increase_that_does_not_pay_is_undone_and_not_retried_at_once() -> None:
+    t = Tuner(max_threads=8, max_window=64)
+    f = Feed(t)
+    f.run(rate=100, wait=0.9, busy=1.0)
+    assert t.threads == 2
+    f.run(rate=100 * (1 + GAIN / 2), wait=0.9, busy=1.0)  # no gain from the second thread
+    assert t.threads == 1 and t.reverted == 1 and t.last_reason.startswith("undone threads 2 -> 1")
+    f.run(rate=100, wait=0.9, busy=1.0, dt=0.1)  # inside the cooldown: threads stay
+    assert t.threads == 1
+
+
+def test_idle_workers_and_a_waiting_consumer_raise_the_prefetch() -> None:
+    t = Tuner(max_threads=8, max_window=64)
+    f = Feed(t)
+    assert f.run(rate=100, wait=0.3, busy=0.2) and (t.threads, t.prefetch) == (1, 1)
+
+
+def test_a_calm_consumer_gives_memory_back_and_a_step_down_that_hurts_is_undone() -> None:
+    t = Tuner(max_threads=8, max_window=64, threads=2, prefetch=2)
+    f = Feed(t)
+    for _ in range(3):
+        f.run(rate=100, wait=0.0, busy=0.2)
+    assert t.prefetch == 1, t.last_reason
+    for _ in range(6):
+        f.run(rate=100, wait=0.0, busy=0.2)
+    assert (t.threads, t.prefetch) == (1, 0), t.last_reason  # one thread carries the work
+    t2 = Tuner(max_threads=8, max_window=64, threads=1, prefetch=1)
+    f2 = Feed(t2)
+    for _ in range(3):
+        f2.run(rate=100, wait=0.0, busy=0.5)
+    assert t2.prefetch == 0
+    f2.run(rate=90, wait=0.3, busy=0.5)  # the consumer waits again: undone
+    assert t2.prefetch == 1 and t2.last_reason.startswith("undone prefetch 0 -> 1")
+
+
+def test_nothing_grows_at_a_cap_and_the_ram_cap_lowers_the_prefetch() -> None:
+    t = Tuner(max_threads=8, max_window=4, threads=2, prefetch=2)
+    f = Feed(t)
+    assert not f.run(rate=100, wait=0.5, busy=1.0, capped=0.4)
+    assert "at a cap" in t.last_reason
+    assert f.run(rate=100, wait=0.5, busy=1.0, ram=0.1) and t.prefetch == 1
+    w = Tuner(max_threads=8, max_window=3)
+    g = Feed(w)
+    for _ in range(8):
+        g.run(rate=100 * w.threads, wait=0.9, busy=1.0)
+        assert w.window <= 3 and w.threads <= 3
+
+
+# -- a tuned loader -----------------------------------------------------------------------------
+
+X = np.arange(4000 * 8, dtype=np.float32).reshape(4000, 8)
+
+
+def _sleepy(batch, ids):
+    time.sleep(0.002)  # releases the GIL like I/O: more threads deliver faster
+    return batch
+
+
+def _firsts(ld, n=None):
+    out = []
+    for i, b in enumerate(ld):
+        out.append(b["x"][:, 0].tolist())
+        if n is not None and i + 1 == n:
+            break
+    return out
+
+
+def test_a_tuned_loader_delivers_the_untuned_batches_and_grows_its_threads() -> None:
+    kw = {"batch": 16, "order": "shuffle", "seed": 5, "transform": _sleepy}
+    with headrace.Loader({"x": X}, **kw) as plain:
+        want = _firsts(plain)
+    with headrace.Loader({"x": X}, tune=True, **kw) as tuned:
+        got = _firsts(tuned)
+        s = tuned.stats()
+    assert got == want
+    assert s["autotune_enabled"] is True and s["autotune_adjustments"] >= 1
+    assert s["threads"] > 1, s["autotune_last_reason"]  # the consumer always waited
+    assert s["effective_max_queue_batches"] == min(s["max_queue_batches"],
+                                                   s["threads"] + s["prefetch_batches"])
+    assert s["inflight_high_water_bytes"] <= s["max_inflight_bytes"]
+
+
+def test_a_tuned_loader_never_passes_its_byte_cap_and_resumes_exactly() -> None:
+    per_batch = 16 * 8 * 4
+    kw = {"batch": 16, "order": "shuffle", "seed": 2, "transform": _sleepy,
+          "inflight": 3 * per_batch}
+    with headrace.Loader({"x": X}, tune=True, **kw) as ld:
+        head = _firsts(ld, 60)
+        token = ld.checkpoint()
+        s = ld.stats()
+        assert s["inflight_high_water_bytes"] <= 3 * per_batch
+        assert s["autotune_max_window_batches"] == 3 and s["effective_max_queue_batches"] <= 3
+        rest = _firsts(ld)
+    with headrace.Loader({"x": X}, resume=token, **kw) as again:
+        assert _firsts(again) == rest
+    with headrace.Loader({"x": X}, **kw) as plain:
+        assert _firsts(plain) == head + rest
+
+
+def test_tune_must_be_a_bool() -> None:
+    with pytest.raises(headrace.ConfigError, match="tune must be True or False"):
+        headrace.Loader({"x": X}, tune="yes")
+
+
+def test_an_untuned_loader_reports_no_autotune_keys() -> None:
+    with headrace.Loader({"x": X}, batch=64) as ld:
+        next(ld)
+        assert not any(k.startswith("autotune") for k in ld.stats())
