@@ -1,10 +1,13 @@
-"""Builds headrace's one optional C accelerator; everything else is in pyproject.toml.
+"""Builds headrace's optional C accelerators; everything else is in pyproject.toml.
 
-``optional=True``: without a C compiler the install still succeeds and ``_shuffle.py`` computes
-the same ids in NumPy, only slower (see ``headrace._order.shuffle.accelerated``).
+``optional=True``: without a C compiler the install still succeeds; ``_order/shuffle.py`` then
+computes the same ids in NumPy and ``_store/crc_rows.py`` the same checksums one record per
+``google_crc32c`` call, only slower (see each module's ``accelerated()``).
 """
 
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("headrace._order._cshuffle", ["src/headrace/_order/_cshuffle.c"], optional=True,
-                             extra_compile_args=["-O3"])])
+                             extra_compile_args=["-O3"]),
+                   Extension("headrace._store._crcrows", ["src/headrace/_store/_crcrows.c"],
+                             optional=True, extra_compile_args=["-O3"])])

@@ -25,6 +25,7 @@ import numpy as np
 from headrace._base.errors import ConfigError, RecordIndexError, SchemaError, WriterClosedError
 from headrace._store import format as _format
 from headrace._store.codecs import loop_decoder
+from headrace._store.crc_rows import crc32c_rows
 from headrace._store.format import FieldSpec, Meta
 from headrace._store.snapshot import (
     NOPOS,
@@ -345,15 +346,19 @@ class Store:
     def _gather_field(self, st: Snapshot, f: MappedField, idx: np.ndarray) -> np.ndarray | Ragged:
         check = self._to_check(st, f, idx)
         virtual = st.vrows.get(f.spec.name)
+        if virtual is not None and self.verify != "never":
+            layout = sequential_layout(st, f.spec.name)
+            if layout is not None:  # appended in order: no index reads for the rows at all
+                # "clip" never clips (the layout scan proved every row in range); unlike the
+                # default "raise" it skips a per-index bounds check
+                got = virtual[0].take(layout.rows(idx), axis=0, mode="clip")
+                if len(check):  # only records not verified yet read their entries and crcs
+                    self._check_rows(st, f, idx, check, got)
+                return self._as_fixed(f, got)
         if virtual is not None and self.verify == "first" and not len(check):
             # Steady state of a fixed-shape raw field: every entry was checked before (they do
             # not change within a generation), so this is an index lookup and one take.
             vrows, vstart, small = virtual
-            layout = sequential_layout(st, f.spec.name)
-            if layout is not None:  # appended in order: no index reads at all
-                # "clip" never clips (the layout scan proved every row in range); unlike the
-                # default "raise" it skips a per-index bounds check
-                return self._as_fixed(f, vrows.take(layout.rows(idx), axis=0, mode="clip"))
             ent = f.index_u4.take(idx, axis=0).T.copy()  # rows: chunk, offset lo, hi, length
             first = vstart.take(ent[0] if st.chunk_ids is None else row_slots(st, ent[0]))
             if small:  # every chunk is under 4 GiB: valid offsets fit the low word
@@ -495,6 +500,22 @@ class Store:
                 Store._decode_loop(st, f, idx, cid, off, ln, nb, starts, out, sel[a:b])
         return rest
 
+    def _check_rows(self, st: Snapshot, f: MappedField, idx: np.ndarray, pos: np.ndarray,
+                    out: np.ndarray) -> None:
+        """Checks the entries and crc32c of records ``idx[pos]``, already read into ``out[pos]``
+        from their sequential layout (every one present: the layout scan needs full rows)."""
+        sub = idx[pos]
+        bad, _cid, _off, _ln, _nb, crc = check_entries(st, f, sub)
+        if bad.any():
+            raise corrupt(f.spec, sub[bad], "index/aux entries point outside their chunk or "
+                          "disagree with the field's schema (corrupted index or truncated chunk)")
+        got = crc32c_rows(out, pos)
+        wrong = got != crc
+        if wrong.any():
+            raise corrupt(f.spec, sub[wrong], "stored bytes do not match their crc32c")
+        if self.verify == "first":
+            st.verified.mark(f.spec.name, sub)
+
     def _as_fixed(self, f: MappedField, rows: np.ndarray) -> np.ndarray:
         shape = f.spec.shape or ()
         if f.plain:
@@ -532,11 +553,13 @@ class Store:
     def _check_fixed(self, st: Snapshot, f: MappedField, idx: np.ndarray, out: np.ndarray,
                      absent: np.ndarray, crc: np.ndarray, check: np.ndarray) -> np.ndarray:
         if len(check):
-            ro = out.view()
-            ro.flags.writeable = False
-            self._check_crcs(st, f, idx, check, crc, [
-                ro[j, :0] if a else ro[j]
-                for j, a in zip(check.tolist(), absent[check].tolist(), strict=True)])
+            got = crc32c_rows(out, check)
+            got[absent[check]] = 0  # an absent record's stored bytes are none: crc32c(b"") = 0
+            bad = got != crc[check]
+            if bad.any():
+                raise corrupt(f.spec, idx[check[bad]], "stored bytes do not match their crc32c")
+            if self.verify == "first":
+                st.verified.mark(f.spec.name, idx[check])
         return self._as_fixed(f, out)
 
     def nbytes(self, indices: Sequence[int] | np.ndarray,
