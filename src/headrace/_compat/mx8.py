@@ -17,6 +17,7 @@ import warnings
 from typing import Any
 
 from headrace._base.errors import ConfigError
+from headrace._compat import mx8_env
 from headrace._compat.mx8_batch import PyBatch
 from headrace._engine.config import Constraints, RuntimeConfig
 from headrace._engine.launcher import detect
@@ -43,14 +44,15 @@ def _distributed(job: Any, coord: Any, node: Any, where: str) -> dict[str, int]:
         return {}
     if coord is not None and job is None and not os.environ.get("MX8_JOB_ID"):
         raise ConfigError("distributed mode requires job (or MX8_JOB_ID)")
-    if coord is None and not os.environ.get("MX8_COORD_URL"):
+    if coord is None and not mx8_env.coord_url():
         return {}  # mx8: job without coord stays local
     launch = detect()
     if not launch.distributed:
         raise ConfigError(f"{where} with coord=/job= reads one rank's share, but no launcher was "
                           f"found (WORLD_SIZE unset and jax.distributed not initialized): "
                           f"{_LAUNCH_HINT}")
-    return {"rank": launch.rank, "world_size": launch.world_size}
+    # the coordinator's MX8_SHUFFLE/MX8_SEED/MX8_EPOCH, as this rank's order
+    return {"rank": launch.rank, "world_size": launch.world_size, **mx8_env.distributed_order()}
 
 
 def _common(store: Any, manifest: Any, recursive: bool, batch: int, inflight: int | None,
@@ -168,6 +170,9 @@ class DataLoader(_Wrapped):
             kw["constraints"] = Constraints(max_ram_bytes=max_ram_bytes)
         kw.update(_extra or {})
         _drop_unused_store(dataset_link, kw)
+        label_mode = mx8_env.s3_label_mode(dataset_link)
+        if label_mode is not None:
+            kw["label_mode"] = label_mode
         self._inner = headrace.load(dataset_link, batch_bytes=max_batch_bytes,
                                     target_bytes=target_batch_bytes, **kw)
 
@@ -214,7 +219,7 @@ class DistributedDataLoader(DataLoader):
         if not launch.distributed:
             raise ConfigError(f"DistributedDataLoader found no launcher: {_LAUNCH_HINT}")
         extra: dict[str, Any] = {"rank": launch.rank, "world_size": launch.world_size,
-                                 "ram_gb": max_ram_gb}
+                                 "ram_gb": max_ram_gb, **mx8_env.distributed_order()}
         if constraints is not None:
             extra["constraints"] = constraints
         if runtime is not None:
@@ -256,6 +261,8 @@ def coordinator(*, rank: int | None = None, world_size: int = 1, data: Any = Non
     """mx8's coordinator, mapped onto the launcher: checks the launcher's world matches
     ``world_size`` and returns a handle whose ``url`` ``DistributedDataLoader`` accepts."""
     del port, bind_host, master_addr, timeout_secs, log
+    if world_size == 1 and os.environ.get("MX8_WORLD_SIZE"):
+        world_size = int(os.environ["MX8_WORLD_SIZE"])  # the coordinator's own variable
     launch = detect(rank=rank) if rank is not None else detect()
     if world_size > 1 and launch.world_size != world_size:
         raise ConfigError(f"coordinator(world_size={world_size}) but the launcher reports "
@@ -298,7 +305,7 @@ def run(data: Any, *, batch: int = 512, ram_gb: float = 8.0, profile: str | None
     launch = detect()
     if launch.distributed:
         job = job or os.environ.get("MX8_JOB_ID") or "headrace"
-        coord = coord or os.environ.get("MX8_COORD_URL") or "launcher"
+        coord = coord or mx8_env.coord_url() or "launcher"
     if constraints is not None and getattr(constraints, "max_ram_bytes", None) is not None:
         ram_gb = None  # type: ignore[assignment]
     return load(data, batch=batch, ram_gb=ram_gb, profile=profile, job=job, resume=resume,
@@ -324,6 +331,17 @@ def image(data: Any, *, batch: int = 32, **kwargs: Any) -> Any:
     """mx8's ``image``: ``(images, labels)`` torch tensors, NCHW (headrace.image with
     ``to_torch=True``; mx8's keywords are headrace.image's own)."""
     kwargs.setdefault("to_torch", True)
+    for name in ("batch_bytes", "target_bytes"):
+        if kwargs.pop(name, None) is not None:
+            raise ConfigError(f"image(): {name}= is not applied to decoded images here (every "
+                              "batch holds batch= images of one decoded size); drop it, or use "
+                              "mx8.load for byte-aware batches of the encoded files")
+    threads = mx8_env.decode_threads()
+    if threads is not None:
+        kwargs.setdefault("threads", threads)
+    label_mode = mx8_env.s3_label_mode(data)
+    if label_mode is not None:
+        kwargs.setdefault("label_mode", label_mode)
     _tune(kwargs.pop("tune", None))
     extra = _distributed(kwargs.pop("job", None), kwargs.pop("coord", None),
                          kwargs.pop("node", None), "image()")
@@ -358,7 +376,8 @@ def pack(pack_in: Any, *, out: Any, shard_mb: int = 512, label_mode: str | None 
     import headrace
 
     r = dict(headrace.pack(pack_in, out=out, shard_mb=shard_mb, label_mode=label_mode or "auto",
-                           require_labels=require_labels, parallel_fetches=parallel_fetches))
+                           require_labels=require_labels,
+                           parallel_fetches=mx8_env.pack_fetches(parallel_fetches)))
     with headrace.open(out) as st:
         labels = st.attrs.get("labels")
         r["shards"] = len(st.meta.chunks)

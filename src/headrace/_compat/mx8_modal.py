@@ -49,7 +49,8 @@ def _engine_kw(where: str, *, store: Any, manifest: Any, recursive: bool, batch:
 def _loader_kw(kw: dict[str, Any]) -> dict[str, Any]:
     """The keywords ``headrace.Loader`` takes, from :func:`_engine_kw`'s result."""
     names = ("inflight", "queue", "prefetch", "start", "end", "ram_gb", "profile", "constraints",
-             "runtime", "rank", "world_size", "batch_bytes", "target_bytes")
+             "runtime", "rank", "world_size", "batch_bytes", "target_bytes", "order", "seed",
+             "epoch")
     return {k: kw[k] for k in names if kw.get(k) is not None}
 
 
@@ -190,9 +191,11 @@ def audio(data: Any, *, store: Any = None, manifest: Any = None, recursive: bool
         raise ConfigError(f'invalid decode_error_policy="{on_decode_error}" (expected: '
                           "error|skip)")
     loader_kw = _loader_kw(kw)
+    order: dict[str, Any] = {"order": "sequential", "seed": 0, "epoch": 0}
+    order.update({k: loader_kw.pop(k) for k in list(order) if k in loader_kw})
     inner = Inner(data, batch=kw["batch"], samples=samples,
                   channels=channels, rate_hz=rate_hz, on_decode_error=on_decode_error,
-                  order="sequential", seed=0, epoch=0, epochs=1, drop_last=False, as_dict=True,
+                  **order, epochs=1, drop_last=False, as_dict=True,
                   to_torch=False, labels=None, loader_kw=loader_kw, resume=kw["resume"],
                   recursive=recursive)
     return AudioLoader(inner, rate_hz)
@@ -236,9 +239,9 @@ def video(data: Any, *, store: Any = None, manifest: Any = None, recursive: bool
     if isinstance(fps, int | float) and not isinstance(fps, bool) and (
             not math.isfinite(fps) or fps <= 0):
         raise ConfigError(f"video fps must be > 0, got {fps!r}")
-    extra: dict[str, Any] = dict(_distributed(job, coord, node, "video()"))
-    inner = headrace.video(data, clip=clip, stride=stride, fps=fps, batch=batch, seed=seed,
-                           epoch=epoch, resume=resume, ram_gb=ram_gb, profile=profile,
+    extra: dict[str, Any] = {"seed": seed, "epoch": epoch,
+                             **_distributed(job, coord, node, "video()")}
+    inner = headrace.video(data, clip=clip, stride=stride, fps=fps, batch=batch, resume=resume, ram_gb=ram_gb, profile=profile,
                            constraints=constraints, runtime=runtime, recursive=recursive,
                            **extra)
     return VideoDataLoader(inner)
