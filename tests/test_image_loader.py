@@ -276,3 +276,22 @@ def test_dropped_loader_stops_its_threads(store):
     while workers() > before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert workers() == before
+
+
+@pytest.mark.parametrize("kw", [{"resize": (20, 28)}, {"resize": (20, 28), "flip_p": 1.0},
+                                {"resize": (30, 40), "crop": (20, 24)}, AUG])
+def test_float_nchw_is_the_normalised_uint8_nhwc_output(store, kw):
+    # The default layout's float conversion (plane by plane) must equal (x / 255 - mean) / std of
+    # the very pixels the uint8 NHWC path yields, flipped and cropped views included. Colour
+    # jitter computes in float, which the uint8 path rounds: half a grey level apart at most.
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    u8, _, ids = _cat(_run(headrace.image(store, batch=5, float_out=False, layout="NHWC", **kw)))
+    for norm in ({}, {"mean": mean, "std": std}):
+        f, _, ids_f = _cat(_run(headrace.image(store, batch=5, **kw, **norm)))
+        np.testing.assert_array_equal(ids, ids_f)
+        assert f.dtype == np.float32 and f.shape == (len(ids), 3, *u8.shape[1:3])
+        want = u8.transpose(0, 3, 1, 2).astype(np.float64) / 255
+        if norm:
+            want = (want - np.array(mean)[:, None, None]) / np.array(std)[:, None, None]
+        tol = 0.5 / 255 / (min(std) if norm else 1) if "jitter_hue" in kw else 1e-5
+        np.testing.assert_allclose(f, want, atol=tol + 1e-5)
