@@ -39,8 +39,9 @@ is ``ru_maxrss`` of the peer's process plus its largest child (torch workers); i
 page-cache pages a peer touched, which are shared and reclaimable, so ``anon MB`` (the peak of the
 process's anonymous RSS, sampled every 10 ms) says what a peer really allocated.
 
-``first vs ceiling's first`` compares the first epochs (each peer's process is fresh; headrace
-verifies every record's crc32c on its first read, the ceilings verify nothing).
+``first vs ceiling's first`` compares the first epochs (each peer's process is fresh, its modules
+imported before the timer, its data opened inside it; headrace verifies every record's crc32c on
+its first read, the ceilings verify nothing).
 
 Also measured: the sampler's share of headrace's wall time per batch: one epoch of the shuffle
 ``Order`` evaluated from a fresh order, so the epoch's network build is inside the timer.
@@ -424,8 +425,30 @@ def _cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def import_for(peer: str) -> None:
+    """Imports what ``peer`` runs before its first timed epoch, as the ceilings have NumPy: a first
+    epoch then counts opening and reading the data, not loading Python modules (headrace's
+    top-level names import their modules on first use)."""
+    if peer.startswith("headrace"):
+        import headrace
+
+        for name in ("open", "Loader", "load", "Dataset", "DataLoader"):
+            getattr(headrace, name)
+    if peer in ("torch", "headrace-torch"):
+        import torch.utils.data  # noqa: F401
+    if peer == "headrace-torch":
+        import headrace.torch
+    if peer == "headrace-jax":
+        import jax  # noqa: F401
+
+        import headrace.jax
+    if peer == "grain":
+        import grain  # noqa: F401
+
+
 def serve_peer(peer: str, root: Path, rows: int) -> None:
     """Child process: runs one epoch of ``peer`` per ``run`` line on stdin, prints JSON lines."""
+    import_for(peer)
     anon = AnonPeak()
     repeat = 0
     print(json.dumps({"ready": peer}), flush=True)
