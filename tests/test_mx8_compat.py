@@ -10,7 +10,7 @@ import mx8 as real
 import pytest
 
 import headrace.mx8 as mx8
-from headrace import ConfigError
+from headrace import CheckpointError, ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +97,13 @@ def test_resume_continues_exactly(pack):
 def test_tune_true_warns_it_is_not_implemented(pack):
     with pytest.warns(UserWarning, match="tune=True is not implemented"):
         mx8.load(str(pack), batch=8, tune=True)
+
+
+def test_an_mx8_token_says_how_to_continue(pack, tmp_path):
+    ref = real.load(str(pack), store=str(tmp_path / "ms"), batch=8, start=3, end=30)
+    next(ref)
+    with pytest.raises(CheckpointError, match=r"an mx8 'data_loader' checkpoint token.*"
+                                              r"continue with start=11, end=30 and no resume="):
+        mx8.load(str(pack), batch=8, start=3, end=30, resume=ref.checkpoint())
+    want = [b.sample_ids for b in ref]
+    assert [b.sample_ids for b in mx8.load(str(pack), batch=8, start=11, end=30)] == want

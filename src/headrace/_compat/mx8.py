@@ -16,7 +16,7 @@ import sys
 import warnings
 from typing import Any
 
-from headrace._base.errors import ConfigError
+from headrace._base.errors import CheckpointError, ConfigError
 from headrace._compat import mx8_env
 from headrace._compat.mx8_batch import PyBatch
 from headrace._engine.config import Constraints, RuntimeConfig
@@ -64,6 +64,7 @@ def _common(store: Any, manifest: Any, recursive: bool, batch: int, inflight: in
                           "point at the folder itself")
     if isinstance(batch, int) and not isinstance(batch, bool) and batch == 0:
         batch = 1  # mx8: batch=0 means 1
+    _refuse_mx8_token(resume)
     kw: dict[str, Any] = dict(batch=batch, inflight=inflight, queue=queue, prefetch=prefetch,
                               start=start, end=end, resume=resume, ram_gb=ram_gb,
                               profile=profile, constraints=constraints, runtime=runtime)
@@ -72,6 +73,26 @@ def _common(store: Any, manifest: Any, recursive: bool, batch: int, inflight: in
         kw["store"] = store
     kw["recursive"] = recursive
     return kw
+
+
+def _refuse_mx8_token(resume: Any) -> None:
+    """An mx8 ``mx8_checkpoint_v1`` token is not headrace's: say where it was, so the run can go
+    on from there (a local token is a sample position, which ``start``/``end`` express)."""
+    if not isinstance(resume, bytes | bytearray) or not resume.startswith(b"mx8_checkpoint_v1"):
+        return
+    fields = dict(line.split("=", 1) for line in bytes(resume).decode("utf-8", "replace")
+                  .splitlines()[1:] if "=" in line)
+    kind = fields.get("kind", "?")
+    if kind == "data_loader" and "next_sample_id" in fields and "end_id" in fields:
+        how = (f"it stopped before sample {fields['next_sample_id']} of [.., {fields['end_id']}): "
+               f"continue with start={fields['next_sample_id']}, end={fields['end_id']} and no "
+               "resume=")
+    else:
+        how = ("its position lives in mx8's coordinator or mix state; start again, or from the "
+               "sample range you know was read (start=, end=)")
+    raise CheckpointError(f"resume= is an mx8 {kind!r} checkpoint token (mx8_checkpoint_v1), "
+                          f"which headrace does not read; {how}. headrace's own tokens "
+                          "(loader.checkpoint()) resume exactly")
 
 
 def _drop_unused_store(data: Any, kw: dict[str, Any]) -> None:
