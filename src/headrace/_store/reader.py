@@ -27,6 +27,7 @@ from headrace._store import format as _format
 from headrace._store.codecs import loop_decoder
 from headrace._store.crc_rows import crc32c_rows
 from headrace._store.format import FieldSpec, Meta
+from headrace._store.recycle import Recycler
 from headrace._store.snapshot import (
     NOPOS,
     MappedField,
@@ -172,6 +173,7 @@ class Store:
         self.verify: VerifyMode = verify
         self._state: Snapshot | None = load_snapshot(self.path)
         self._plans: dict[Any, _SteadyPlan] = {}  # by fields argument, for the loaded snapshot
+        self._recycler = Recycler()  # batch outputs written again once the program drops them
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -199,6 +201,7 @@ class Store:
         """Drops the mappings (idempotent). Arrays returned earlier stay valid."""
         self._state = None
         self._plans = {}
+        self._recycler.clear()
 
     def __enter__(self) -> Store:
         return self
@@ -310,9 +313,9 @@ class Store:
             idx = record_ids(indices, st.meta.length)
             # "clip" never clips (the layout scan proved every row in range) and, unlike the
             # default "raise", skips a per-index bounds check; None: identity, nothing to call
-            return {name: (vrows.take(idx if rows is None else rows(idx), axis=0, mode="clip")
-                           if view is None else
-                           view(vrows.take(idx if rows is None else rows(idx), axis=0, mode="clip")))
+            take = self._take
+            return {name: (take(vrows, idx if rows is None else rows(idx)) if view is None
+                           else view(take(vrows, idx if rows is None else rows(idx))))
                     for name, vrows, rows, view in plan.fields}
         idx = record_ids(indices, st.meta.length)
         names = pick_fields(fields, st.fields)
@@ -320,6 +323,13 @@ class Store:
         if self.verify == "first":
             self._plan_steady(st, key, names)
         return out
+
+    def _take(self, vrows: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """``vrows[rows]`` into a recycled array when one is free. ``"clip"`` never clips (the
+        layout scan proved every row in range) and, unlike the default ``"raise"``, skips a
+        per-index bounds check and writes straight into ``out``."""
+        out = self._recycler.empty((len(rows), *vrows.shape[1:]), vrows.dtype)
+        return vrows.take(rows, axis=0, mode="clip", out=out)
 
     def _plan_steady(self, st: Snapshot, key: Any, names: list[str]) -> None:
         """Memoizes the steady state of ``names`` once every one of them has reached it.
@@ -351,7 +361,7 @@ class Store:
             if layout is not None:  # appended in order: no index reads for the rows at all
                 # "clip" never clips (the layout scan proved every row in range); unlike the
                 # default "raise" it skips a per-index bounds check
-                got = virtual[0].take(layout.rows(idx), axis=0, mode="clip")
+                got = self._take(virtual[0], layout.rows(idx))
                 if len(check):  # only records not verified yet read their entries and crcs
                     self._check_rows(st, f, idx, check, got)
                 return self._as_fixed(f, got)
