@@ -331,6 +331,27 @@ def test_timeline_stats_print_stats_and_close(kind: Kind, data: Data) -> None:
 
 
 @pytest.mark.parametrize("kind", ALL, ids=repr)
+def test_tune_true_reads_the_untuned_batches_inside_the_cap(kind: Kind, data: Data) -> None:
+    """``tune=True``: the same batches, a checkpoint that resumes exactly, bytes in flight never
+    above the cap, and the tuner's setting in ``stats()`` and the timeline."""
+    want = reference(kind, data)
+    with kind.make(data, tune=True, timeline=0.001) as tuned:
+        head = read(tuned, 2)
+        token = tuned.checkpoint()
+        got = head + read(tuned, None if kind.take is None else kind.take - 2)
+        s = tuned.stats()
+        tl = tuned.stats_timeline()
+    assert got == want, kind
+    with kind.make(data, tune=True, resume=token) as again:
+        assert read(again, None if kind.take is None else kind.take - 2) == want[2:]
+    assert s["autotune_enabled"] is True, kind
+    cap = s["max_inflight_bytes"]
+    assert cap and 0 < s["inflight_high_water_bytes"] <= cap, kind
+    assert s["threads"] >= 1 and s["effective_max_queue_batches"] >= 1
+    assert tl["autotune_enabled"] and all("threads" in x for x in tl["samples"])
+
+
+@pytest.mark.parametrize("kind", ALL, ids=repr)
 def test_close_is_idempotent_and_ends_iteration(kind: Kind, data: Data) -> None:
     loader = kind.make(data)
     next(loader)
@@ -386,7 +407,7 @@ def test_nothing_to_yield_in_one_epoch_is_an_error(kind: Kind, data: Data) -> No
 
 #: the core keywords a mix takes (the others are its sources' business: batch, order, threads ...)
 MIX_CORE = ("seed", "epoch", "inflight", "ram_gb", "profile", "constraints", "runtime", "resume",
-            "timeline")
+            "timeline", "tune")
 
 
 @pytest.mark.parametrize(("typo", "meant"), [("sede", "seed"), ("resum", "resume"),
@@ -409,7 +430,7 @@ def test_the_core_keywords_are_accepted(kind: Kind, data: Data) -> None:
               "inflight": 64 << 20, "ram_gb": 8, "queue": 8, "prefetch": 2,
               "profile": "balanced", "constraints": headrace.Constraints(),
               "runtime": headrace.RuntimeConfig(), "resume": None, "timeline": 0.01,
-              "transform": None}
+              "transform": None, "tune": True}
     assert set(values) | {"batch"} == set(CORE)
     fixed = {"batch"} | ({"rank", "world_size"} if kind.name == "DistributedDataLoader" else set())
     names = set(MIX_CORE) if kind.name.startswith("mix") else set(CORE) - fixed

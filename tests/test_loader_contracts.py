@@ -340,7 +340,7 @@ def test_every_core_keyword_is_accepted_with_one_meaning(kind, data):
             "tail": "partial", "rank": 0, "world_size": 1, "threads": 2, "inflight": 64 << 20,
             "ram_gb": 8, "queue": 16, "prefetch": 2, "profile": "balanced",
             "constraints": headrace.Constraints(), "runtime": headrace.RuntimeConfig(),
-            "resume": None, "timeline": 0.01, "transform": _tag}
+            "resume": None, "timeline": 0.01, "transform": _tag, "tune": True}
     assert set(core) | {"batch", "seed"} == set(CORE)
     if kind == "dataloader":  # loaderx's transform: fn((data, label)) -> (data, label)
         core["transform"] = lambda pair: (pair[0] + 1000, pair[1])

@@ -94,9 +94,12 @@ def test_resume_continues_exactly(pack):
     assert [b.sample_ids for b in mx8.load(str(pack), batch=8, resume=token)] == rest
 
 
-def test_tune_true_warns_it_is_not_implemented(pack):
-    with pytest.warns(UserWarning, match="tune=True is not implemented"):
-        mx8.load(str(pack), batch=8, tune=True)
+def test_tune_true_autotunes_and_reads_what_an_untuned_loader_reads(pack):
+    tuned = mx8.load(str(pack), batch=8, tune=True)  # no warning: pytest makes one an error
+    assert [b.sample_ids for b in tuned] == [b.sample_ids for b in mx8.load(str(pack), batch=8)]
+    s = tuned.stats()
+    assert s["autotune_enabled"] is True and s["threads"] == s["autotune_threads"]
+    assert mx8.load(str(pack), batch=8).stats()["autotune_enabled"] is False
 
 
 def test_an_mx8_token_says_how_to_continue(pack, tmp_path):

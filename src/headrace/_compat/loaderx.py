@@ -49,7 +49,7 @@ class DataLoader(Loader):
         batch, order, shuffle, threads, prefetch: headrace's names of ``batch_size``, ``mode``,
             ``num_workers``, ``prefetch_size`` (pass one spelling). epoch, epochs (default
             ``None``: endless, as loaderx), drop_last, tail, rank, world_size, ram_gb, queue,
-            profile, constraints, runtime, timeline: as ``headrace.Loader`` (rank and world size
+            profile, constraints, runtime, timeline, tune: as ``headrace.Loader`` (rank and world size
             from the launcher unless given: rank ``r``'s batches are steps ``k*W + r`` of the one
             stream, endless or not). ``transform`` keeps
             loaderx's meaning, ``fn((data, label)) -> (data, label)``.
@@ -65,7 +65,7 @@ class DataLoader(Loader):
                  world_size: int | None = None, threads: int | None = None, ram_gb: float | None = None,
                  queue: int | None = None, prefetch: int | None = None,
                  profile: str | None = None, constraints: Any = None, runtime: Any = None,
-                 timeline: bool | float = False) -> None:
+                 timeline: bool | float = False, tune: bool = False) -> None:
         if len(dataset) != len(labelset):
             raise ConfigError("dataset and labelset must have the same length")
         batch_size = _alias("batch", batch, "batch_size", batch_size, 256)
@@ -97,7 +97,7 @@ class DataLoader(Loader):
                          queue=queue if queue is not None else max(1, threads + prefetch_size),
                          inflight=inflight, ram_gb=ram_gb, profile=profile,
                          constraints=constraints, runtime=runtime, resume=resume,
-                         close_source=True, timeline=timeline)
+                         close_source=True, timeline=timeline, tune=tune)
 
     def __len__(self) -> int:
         if self._end_epoch is None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-import warnings
 from typing import Any
 
 from headrace._base.errors import CheckpointError, ConfigError
@@ -31,11 +30,9 @@ _LAUNCH_HINT = ("headrace has no coordinator: start one process per rank with a 
 _COORDINATORS: dict[str, Any] = {}  # CoordinatorHandle.url -> dataset link (this process)
 
 
-def _tune(tune: bool | None) -> None:
-    if tune:
-        warnings.warn("tune=True is not implemented in headrace and is ignored: threads and "
-                      "prefetch stay as profile/inflight/queue/prefetch set them", UserWarning,
-                      stacklevel=3)
+def _tune(tune: bool | None) -> bool:
+    """mx8's ``tune=`` / ``autotune=`` as headrace's ``tune`` (unset: off)."""
+    return bool(tune)
 
 
 def _distributed(job: Any, coord: Any, node: Any, where: str) -> dict[str, int]:
@@ -114,7 +111,7 @@ def _mx8_stats(s: dict[str, Any]) -> dict[str, Any]:
         out.setdefault("effective_prefetch_batches", s["prefetch_batches"])
     if "max_queue_batches" in s:
         out.setdefault("effective_max_queue_batches", s["max_queue_batches"])
-    out["autotune_enabled"] = False
+    out["autotune_enabled"] = bool(s.get("autotune_enabled", False))
     return out
 
 
@@ -183,13 +180,14 @@ class DataLoader(_Wrapped):
                  _extra: dict[str, Any] | None = None) -> None:
         import headrace
 
-        _tune(autotune)
+        tune = _tune(autotune)
         kw = _common(manifest_store, manifest_path, recursive, batch_size_samples,
                      max_inflight_bytes, max_queue_batches, prefetch_batches, start_id, end_id,
                      resume_from, None, profile, None, None)
         if max_ram_bytes is not None:
             kw["constraints"] = Constraints(max_ram_bytes=max_ram_bytes)
         kw.update(_extra or {})
+        kw["tune"] = tune
         _drop_unused_store(dataset_link, kw)
         label_mode = mx8_env.s3_label_mode(dataset_link)
         if label_mode is not None:
@@ -363,7 +361,7 @@ def image(data: Any, *, batch: int = 32, **kwargs: Any) -> Any:
     label_mode = mx8_env.s3_label_mode(data)
     if label_mode is not None:
         kwargs.setdefault("label_mode", label_mode)
-    _tune(kwargs.pop("tune", None))
+    kwargs["tune"] = _tune(kwargs.pop("tune", None))
     extra = _distributed(kwargs.pop("job", None), kwargs.pop("coord", None),
                          kwargs.pop("node", None), "image()")
     if kwargs.pop("manifest", None) is not None:

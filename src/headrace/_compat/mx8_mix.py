@@ -50,7 +50,7 @@ class MixedDataLoader:
 
     def stats(self) -> dict[str, Any]:
         s = dict(self._inner.stats())
-        s.setdefault("mix_autotune_enabled", False)  # as the sources' autotune_enabled
+        s.setdefault("mix_autotune_enabled", bool(s.get("autotune_enabled", False)))
         return s
 
     def print_stats(self) -> None:
@@ -79,7 +79,6 @@ def mix(sources: Sequence[Any], *, weights: Sequence[float], seed: int = 0, epoc
     import headrace
 
     del job, coord, profile
-    _tune(tune)
     sources = list(sources)
     inner: list[Any] = []
     convert: list[Callable[[Any], Any]] = []
@@ -102,5 +101,5 @@ def mix(sources: Sequence[Any], *, weights: Sequence[float], seed: int = 0, epoc
                           f"({len(sources)})")
     m = headrace.mix(inner, weights=list(weights), seed=seed, epoch=epoch, starvation=starvation,
                      on_source_exhausted=on_source_exhausted, resume=resume, ram_gb=ram_gb,
-                     constraints=constraints, runtime=runtime)
+                     constraints=constraints, runtime=runtime, tune=_tune(tune))
     return MixedDataLoader(m, convert)

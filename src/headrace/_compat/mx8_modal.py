@@ -36,9 +36,9 @@ def _engine_kw(where: str, *, store: Any, manifest: Any, recursive: bool, batch:
                profile: Any, tune: Any, constraints: Any, runtime: Any) -> dict[str, Any]:
     """mx8's shared loader keywords as headrace ``Loader`` keywords (plus ``store``/``recursive``
     for the source opener)."""
-    _tune(tune)
     kw = _common(store, manifest, recursive, batch, inflight, queue, prefetch, start, end, resume,
                  ram_gb, profile, constraints, runtime)
+    kw["tune"] = _tune(tune)
     kw.update(_distributed(job, coord, node, where))
     kw["batch_bytes"], kw["target_bytes"] = batch_bytes, target_bytes
     if (kw["start"] is None) != (kw["end"] is None):
@@ -50,7 +50,7 @@ def _loader_kw(kw: dict[str, Any]) -> dict[str, Any]:
     """The keywords ``headrace.Loader`` takes, from :func:`_engine_kw`'s result."""
     names = ("inflight", "queue", "prefetch", "start", "end", "ram_gb", "profile", "constraints",
              "runtime", "rank", "world_size", "batch_bytes", "target_bytes", "order", "seed",
-             "epoch")
+             "epoch", "tune")
     return {k: kw[k] for k in names if kw.get(k) is not None}
 
 
@@ -231,7 +231,6 @@ def video(data: Any, *, store: Any = None, manifest: Any = None, recursive: bool
     no usable clip raises ``ConfigError`` naming the failure counts (mx8 ends silently)."""
     import headrace
 
-    _tune(tune)
     if manifest is not None or os.environ.get("MX8_DEV_MANIFEST_PATH"):
         raise ConfigError("mx8 dev manifests (manifest=/MX8_DEV_MANIFEST_PATH) are not read by "
                           "headrace: point at the folder of videos itself")
@@ -243,5 +242,5 @@ def video(data: Any, *, store: Any = None, manifest: Any = None, recursive: bool
                              **_distributed(job, coord, node, "video()")}
     inner = headrace.video(data, clip=clip, stride=stride, fps=fps, batch=batch, resume=resume, ram_gb=ram_gb, profile=profile,
                            constraints=constraints, runtime=runtime, recursive=recursive,
-                           **extra)
+                           tune=_tune(tune), **extra)
     return VideoDataLoader(inner)

@@ -21,7 +21,7 @@ __all__ = ["CORE", "checked", "keyword_names", "refuse_unknown"]
 #: the keywords every loader accepts, with one meaning (``headrace.Loader``'s)
 CORE = ("batch", "order", "shuffle", "seed", "epoch", "epochs", "drop_last", "tail", "rank",
         "world_size", "threads", "inflight", "ram_gb", "queue", "prefetch", "profile",
-        "constraints", "runtime", "resume", "timeline", "transform")
+        "constraints", "runtime", "resume", "timeline", "transform", "tune")
 
 F = TypeVar("F", bound=Callable[..., Any])
 

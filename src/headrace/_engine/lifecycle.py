@@ -41,7 +41,7 @@ __all__ = [
 #: the keywords of ``audio()``, ``video()`` and ``image()`` that go to the inner ``Loader`` as
 #: they are (their meaning is the Loader's: docs/api.md)
 INNER_LOADER_KEYWORDS = ("threads", "inflight", "ram_gb", "queue", "prefetch", "profile",
-                         "constraints", "runtime", "rank", "world_size", "tail")
+                         "constraints", "runtime", "rank", "world_size", "tail", "tune")
 
 #: where a user ``transform``'s result travels in a decoded batch (see :class:`ThenTransform`)
 YIELD_KEY = "__headrace_yield__"
@@ -223,6 +223,10 @@ class InnerState:
     def _batch_need(self) -> int:
         """Bytes one batch reserves (``headrace.mix`` sizes a source's share by it)."""
         return self._state_loader()._batch_need()
+
+    def _enable_tune(self) -> None:
+        """Autotune the inner loader from now on (``headrace.mix(tune=True)``), in place."""
+        self._state_loader()._enable_tune()
 
 
 class LoaderWrapper(TimelineMixin, ClosingMixin):

@@ -46,7 +46,7 @@ def load(data: Any, *, batch: int = 512, inflight: int | None = None, queue: int
          transform: Transform | None = None,
          transform_nbytes: Callable[[int], int] | None = None,
          timeline: bool | float = False, batch_bytes: int | None = None,
-         target_bytes: int | None = None, **options: Any) -> Loader:
+         target_bytes: int | None = None, tune: bool = False, **options: Any) -> Loader:
     """Open ``data`` and return a ``Loader`` yielding ``{field: ndarray | Ragged}`` per batch.
 
     As mx8's ``load``: one pass, sequential by record id, last batch partial, ``start``/``end``
@@ -65,7 +65,7 @@ def load(data: Any, *, batch: int = 512, inflight: int | None = None, queue: int
         shuffle, order: ``order`` is ``"sequential"``, ``"shuffle"`` or ``"iid"``; ``shuffle=True``
             is ``order="shuffle"``.
         epochs, drop_last, tail, rank, world_size, check, threads, transform, transform_nbytes,
-            timeline, batch_bytes, target_bytes: as for ``Loader`` (under a launcher, torchrun, SLURM or
+            timeline, batch_bytes, target_bytes, tune: as for ``Loader`` (under a launcher, torchrun, SLURM or
             ``jax.distributed``, each rank reads its own share, checked across ranks).
         **options: passed to the source opener (e.g. ``fields=["image"]``, ``verify="never"``).
 
@@ -94,7 +94,7 @@ def load(data: Any, *, batch: int = 512, inflight: int | None = None, queue: int
                         ram_gb=ram_gb, queue=queue, prefetch=prefetch, profile=profile,
                         constraints=constraints, runtime=runtime, resume=resume, check=check,
                         close_source=True, timeline=timeline, batch_bytes=batch_bytes,
-                        target_bytes=target_bytes)
+                        target_bytes=target_bytes, tune=tune)
     except BaseException:
         source.close()
         raise

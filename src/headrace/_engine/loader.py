@@ -781,9 +781,9 @@ class Loader:
         if tuner.step(self._signals(engine, now)):
             engine.resize(tuner.threads, tuner.window)
 
-    def enable_tune(self) -> None:
-        """Turn autotuning on for this loader (``tune=True`` after construction; ``headrace.mix``
-        uses it for its sources). The threads restart at the delivered position."""
+    def _enable_tune(self) -> None:
+        """Turn autotuning on, in place (``headrace.mix(tune=True)`` does it for its sources):
+        the threads restart at the delivered position."""
         if self._tuner is not None:
             return
         if self._closed:

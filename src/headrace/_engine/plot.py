@@ -1,7 +1,8 @@
 """``headrace.plot``: draw a loader's stats timeline to a PNG (matplotlib, the ``plot`` extra).
 
 Four panels over time: throughput; memory against its caps (drawn as horizontal lines); queue
-depth and batches in flight against the queue cap; where time went (the consumer waiting vs the
+depth and batches in flight against the queue cap (with ``tune=True``: the tuned threads and
+window over time); where time went (the consumer waiting vs the
 workers busy). The title is the verdict: loader-bound (the model waited) or model-bound.
 """
 
@@ -98,7 +99,14 @@ def plot(source: Any, out: str | os.PathLike[str], *, title: str | None = None,
     ax_queue.step(t, [s["batches_in_flight"] for s in samples], where="post",
                   label="batches in flight", alpha=0.7)
     window = timeline.get("effective_max_queue_batches")
-    if window:
+    if timeline.get("autotune_enabled"):  # the tuner's decisions, as they were taken
+        ax_queue.step(t, [s.get("threads", 0) for s in samples], where="post", color="black",
+                      label=f"threads (tuned, {timeline.get('autotune_adjustments') or 0} "
+                            "adjustments)")
+        ax_queue.step(t, [s.get("effective_max_queue_batches", 0) for s in samples],
+                      where="post", color="black", linestyle="--", linewidth=1,
+                      label="window (threads + prefetch, tuned)")
+    elif window:
         ax_queue.axhline(window, color="black", linestyle="--", linewidth=1,
                          label=f"queue cap {window}")
     ax_queue.set_ylabel("batches")

@@ -188,7 +188,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"Memory: {counted / _GIB:.2f} GB / {cap / _GIB:.2f} GB ({pct:.1f}%) | "
         f"Pressure: {_pressure(counted, cap)}",
         f"Stability: p95/p50={ratio} | jitter_slo_breaches=n/a",
-        f"Autotune: disabled | prefetch={s.get('prefetch_batches', 'n/a')} | "
+        f"Autotune: {'enabled' if s.get('autotune_enabled') else 'disabled'} | prefetch={s.get('prefetch_batches', 'n/a')} | "
         f"queue={s.get('max_queue_batches', 'n/a')} | threads={s.get('threads', 'n/a')} | "
         f"consumer_wait={s.get('consumer_wait_seconds', 0.0):.2f}s | "
         f"budget_wait={s.get('budget_wait_seconds', 0.0):.2f}s",

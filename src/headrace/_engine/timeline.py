@@ -33,14 +33,17 @@ VERSION = 1
 _KEYS = ("delivered_batches_total", "delivered_samples_total", "delivered_bytes_total",
          "consumer_wait_seconds", "budget_wait_seconds", "ram_wait_seconds",
          "gather_busy_seconds", "transform_busy_seconds", "queue_depth", "batches_in_flight",
-         "inflight_bytes", "process_rss_bytes", "page_cache_resident_bytes", "counted_rss_bytes")
+         "inflight_bytes", "process_rss_bytes", "page_cache_resident_bytes", "counted_rss_bytes",
+         # the settings, which an autotuned loader moves while it runs (docs/autotune.md)
+         "threads", "prefetch_batches", "effective_max_queue_batches")
 _CUMULATIVE = ("delivered_batches_total", "delivered_samples_total", "delivered_bytes_total", "consumer_wait_seconds",
                "budget_wait_seconds", "ram_wait_seconds", "gather_busy_seconds",
                "transform_busy_seconds")
 # Caps and settings taken from the last stats() into the timeline's header.
 _HEADER = ("threads", "max_inflight_bytes", "max_process_rss_bytes",
            "effective_max_queue_batches", "batch_size_samples", "inflight_high_water_bytes",
-           "counted_rss_high_water_bytes", "ram_high_water_bytes")
+           "counted_rss_high_water_bytes", "ram_high_water_bytes", "autotune_enabled",
+           "autotune_adjustments")
 
 LOADER_BOUND_WAIT = 0.2  # the consumer waited this share of the time or more: loader-bound
 
@@ -204,7 +207,8 @@ def derive(samples: list[dict[str, float]], *, threads: int) -> list[dict[str, f
                     "samples_per_second": d["delivered_samples_total"] / dt,
                     "bytes_per_second": d["delivered_bytes_total"] / dt,
                     "consumer_wait_fraction": min(1.0, d["consumer_wait_seconds"] / dt),
-                    "worker_busy_fraction": min(1.0, busy / (dt * max(1, threads))),
+                    "worker_busy_fraction": min(1.0, busy / (dt * max(1, int(
+                        s.get("threads") or threads)))),
                     "budget_wait_fraction": min(1.0, d["budget_wait_seconds"] / dt)})
         prev = s
     return out

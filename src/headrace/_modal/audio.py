@@ -236,7 +236,7 @@ def audio(data: Any, *, batch: int = 32, samples: int = 16000, channels: int = 1
           profile: str | None = None, constraints: Any = None, runtime: Any = None,
           rank: int | None = None, world_size: int | None = None, tail: str | None = None,
           resume: bytes | None = None, timeline: bool | float = False,
-          transform: Any = None, recursive: bool = True) -> AudioLoader:
+          transform: Any = None, recursive: bool = True, tune: bool = False) -> AudioLoader:
     """Fixed-size float32 audio batches from a store or a raw folder of audio files.
 
     Example (mx8's spelling)::
@@ -265,8 +265,8 @@ def audio(data: Any, *, batch: int = 32, samples: int = 16000, channels: int = 1
         recursive: raw folders: read subfolders too (mx8's default); ``False`` reads only the
             files directly in ``data``.
         threads, inflight, ram_gb, queue, prefetch, profile, constraints, runtime, rank,
-            world_size, tail, resume: as in :class:`headrace.Loader` (rank and world size from
-            the launcher unless given).
+            world_size, tail, resume, tune: as in :class:`headrace.Loader` (rank and world size
+            from the launcher unless given).
         timeline: record a stats timeline (``True``: a snapshot every 0.5 s; a number: the
             period in seconds) for ``stats_timeline()`` and ``headrace.plot``.
         transform: ``fn(batch, ids) -> batch``, run in the loader's threads on each batch as it

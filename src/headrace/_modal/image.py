@@ -190,8 +190,7 @@ class ImageLoader(LoaderWrapper):
         -> ``start``/``end``, ``resume_from`` -> ``resume``, ``manifest_store`` -> ``store``,
         ``max_ram_bytes`` -> ``constraints.max_ram_bytes``, ...); any other :func:`image` keyword
         (``shuffle``, ``layout``, ``to_torch``, ``on_decode_error``, ...) may be passed too.
-        ``node_id`` and ``autotune`` are accepted and ignored (no coordinator; the profile sizes
-        the threads). ``manifest_path`` (mx8's hand-written dev manifest) and the byte-aware
+        ``node_id`` is accepted and ignored (no coordinator); ``autotune`` is ``tune``. ``manifest_path`` (mx8's hand-written dev manifest) and the byte-aware
         batch knobs ``target_batch_bytes``/``max_batch_bytes`` are refused: image batches hold a
         fixed number of images of one shape, and the memory cap is ``max_inflight_bytes``.
         """
@@ -202,7 +201,7 @@ class ImageLoader(LoaderWrapper):
             raise ConfigError("target_batch_bytes/max_batch_bytes do not apply to images: a batch "
                               "holds batch_size_samples images of one output shape; cap memory "
                               "with max_inflight_bytes")
-        del node_id, autotune  # no coordinator; threads come from the profile
+        del node_id  # no coordinator
         constraints = kwargs.pop("constraints", None)
         if max_ram_bytes is not None:
             from headrace._engine.config import Constraints
@@ -219,7 +218,7 @@ class ImageLoader(LoaderWrapper):
             "jitter_contrast": color_jitter_contrast,
             "jitter_saturation": color_jitter_saturation, "jitter_hue": color_jitter_hue,
             "mean": normalize_mean, "std": normalize_std, "seed": seed, "epoch": epoch,
-            "float_out": to_float, "constraints": constraints,
+            "float_out": to_float, "constraints": constraints, "tune": autotune,
         }
         both = sorted(set(kwargs) & set(mapped))
         if both:
@@ -552,6 +551,12 @@ class ImageLoader(LoaderWrapper):
         if self._inner is not None:
             self._inner._use_budget(self._kw["budget"])
 
+    def _enable_tune(self) -> None:
+        """Autotune the running epoch's loader and every later one (``mix(tune=True)``)."""
+        self._kw["tune"] = True
+        if self._inner is not None:
+            self._inner._enable_tune()
+
     def _batch_need(self) -> int:
         """Bytes one batch reserves: payloads plus decoded images (``headrace.mix``'s share)."""
         return self._inner._batch_need() if self._inner is not None else 0
@@ -699,8 +704,10 @@ def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | Non
             exactly as the full range does.
         store, recursive: links only: the manifest store root, and whether a raw prefix is
             listed recursively.
-        autopack, shard_mb, tune: mx8's; accepted and ignored (raw folders and prefixes are
-            decoded without packing; the profile sizes the threads).
+        autopack, shard_mb: mx8's; accepted and ignored (raw folders and prefixes are
+            decoded without packing).
+        tune: autotune threads and prefetch inside the caps (``docs/autotune.md``); each
+            epoch's loader starts tuning afresh.
         timeline: record a stats timeline over all epochs (``True``: a snapshot every 0.5 s; a
             number: the period in seconds) for ``stats_timeline()`` and ``headrace.plot``.
         transform: ``fn(batch, ids) -> batch``, run in the loader's threads on each
@@ -714,7 +721,7 @@ def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | Non
 
 
 _LINK_OPTIONS = frozenset({"cache_dir", "cache_bytes", "max_inflight", "verify", "s3"})
-_IGNORED = ("autopack", "shard_mb", "tune")  # mx8 knobs without a meaning here (docs/images.md)
+_IGNORED = ("autopack", "shard_mb")  # mx8 knobs without a meaning here (docs/images.md)
 
 
 def _image_options(given: dict[str, Any]) -> dict[str, Any]:

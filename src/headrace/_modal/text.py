@@ -619,7 +619,7 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
          world_size: int | None = None,
          resume: bytes | None = None, timeline: bool | float = False, transform: Any = None,
          dtype: Any = None, tokens_dtype: Any = "int32", targets: bool = False,
-         windows: str = "strided", **options: Any) -> TextLoader:
+         windows: str = "strided", tune: bool = False, **options: Any) -> TextLoader:
     """Token windows ``(batch, seq_len)`` for language-model training, deterministic and resumable.
 
     Example::
@@ -678,7 +678,7 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
         to_torch: yield torch tensors.
         progress: progress bar while packing raw text.
         threads, inflight, ram_gb, queue, prefetch, profile, constraints, runtime, rank,
-            world_size, resume: as :class:`headrace.Loader`.
+            world_size, resume, tune: as :class:`headrace.Loader`.
         timeline: record a stats timeline (``True``: a snapshot every 0.5 s; a number: the
             period in seconds) for ``stats_timeline()`` and ``headrace.plot``.
         transform: ``fn(batch, ids) -> batch``, run in the loader's threads on each batch as it
@@ -730,7 +730,7 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
                  "rank": rank, "world_size": world_size, "threads": threads,
                  "inflight": inflight, "ram_gb": ram_gb, "queue": queue, "prefetch": prefetch,
                  "profile": profile, "constraints": constraints, "runtime": runtime,
-                 "resume": resume, "close_source": False}
+                 "resume": resume, "close_source": False, "tune": tune}
     if is_token_array(data):
         if stream:
             raise ConfigError("stream=True tokenizes raw text; a token array is already tokens: "

@@ -398,7 +398,7 @@ def video(data: Any, *, clip: int = 16, stride: int = 8, fps: Any = 8, batch: in
           world_size: int | None = None,
           tail: str | None = None, resume: bytes | None = None,
           timeline: bool | float = False, transform: Any = None,
-          recursive: bool = True) -> VideoLoader:
+          recursive: bool = True, tune: bool = False) -> VideoLoader:
     """Clips of ``clip`` frames at ``fps``, every ``stride`` resampled frames, from a folder of
     videos or a store of video files.
 
@@ -432,8 +432,8 @@ def video(data: Any, *, clip: int = 16, stride: int = 8, fps: Any = 8, batch: in
         progress: a progress bar on stderr while the videos are probed (``None``: only on a
             terminal; a cached probe shows none).
         threads, inflight, ram_gb, queue, prefetch, profile, constraints, runtime, rank,
-            world_size, tail, resume: as in :class:`headrace.Loader` (rank and world size from
-            the launcher unless given).
+            world_size, tail, resume, tune: as in :class:`headrace.Loader` (rank and world size
+            from the launcher unless given).
         timeline: record a stats timeline (``True``: a snapshot every 0.5 s; a number: the
             period in seconds) for ``stats_timeline()`` and ``headrace.plot``.
         transform: ``fn(batch, ids) -> batch``, run in the loader's threads on each batch as it

@@ -71,9 +71,10 @@ class DistributedDataLoader(InnerState, TimelineMixin):
         resume, resume_from: a checkpoint token (any rank's, any world size).
         check: compare snapshot and seed across ranks before reading (default True).
         max_inflight_bytes, max_queue_batches, prefetch_batches, max_ram_gb, profile, constraints,
-            runtime, autotune: memory knobs, mx8 spelling (``inflight``, ``queue``, ``prefetch``,
-            ``ram_gb``: the same, as every loader spells them) (``autotune`` is accepted; the loader's
-            caps are fixed).
+            runtime: memory knobs, mx8 spelling (``inflight``, ``queue``, ``prefetch``,
+            ``ram_gb``: the same, as every loader spells them).
+        autotune: mx8's spelling of ``tune``: threads and prefetch move inside the caps
+            (``docs/autotune.md``).
         coord_url, job_id, node_id, want, progress_interval_ms, grpc_max_message_bytes: mx8's
             coordinator settings; accepted and ignored (headrace needs no coordinator).
         timeline: record a stats timeline (``True``: a snapshot every 0.5 s; a number: the
@@ -126,7 +127,7 @@ class DistributedDataLoader(InnerState, TimelineMixin):
         max_ram_gb = _one("ram_gb", loader_kwargs.pop("ram_gb", None), "max_ram_gb", max_ram_gb)
         if tail is None:
             tail = "drop" if loader_kwargs.get("drop_last") else "pad"
-        del autotune  # accepted for mx8 compatibility; caps here are fixed, never tuned
+        tune = _one("tune", loader_kwargs.pop("tune", None), "autotune", autotune)
         self.launch: Launch = detect(rank=rank, world_size=world_size, local_rank=local_rank)
         from headrace._engine.loader import Loader
         from headrace._sources.base import Source, open_source
@@ -164,7 +165,7 @@ class DistributedDataLoader(InnerState, TimelineMixin):
                 rank=self.launch.rank, world_size=self.launch.world_size, tail=tail,
                 check=False, resume=token, inflight=max_inflight_bytes, queue=max_queue_batches,
                 prefetch=prefetch_batches, ram_gb=max_ram_gb, profile=profile,
-                constraints=constraints, runtime=runtime, **loader_kwargs)
+                constraints=constraints, runtime=runtime, tune=bool(tune), **loader_kwargs)
         except BaseException:
             if owned:
                 source.close()

@@ -182,6 +182,10 @@ class MixedLoader(TimelineMixin):
             s._use_budget(share)
         self.budget = shares[0].parent
 
+    def _enable_tune(self) -> None:
+        """Autotune every source (this mix is the source of an outer ``mix(tune=True)``)."""
+        _tune_sources(self._unique)
+
     def _batch_need(self) -> int:
         """Bytes one batch of every source reserves together: what this mix, as a source of
         another mix, needs guaranteed so that each of its sources can deliver its next batch."""
@@ -547,6 +551,16 @@ class MixedLoader(TimelineMixin):
         self.close()
 
 
+def _tune_sources(sources: list[Any]) -> None:
+    """``tune=True``: every source autotunes from now on, in place."""
+    for i, s in enumerate(sources):
+        if not callable(getattr(s, "_enable_tune", None)):
+            raise ConfigError(f"mix(tune=True) cannot tune source {i} (a {type(s).__name__}); "
+                              "pass tune=True to that loader itself, or mix headrace loaders")
+    for s in {id(s): s for s in sources}.values():
+        s._enable_tune()
+
+
 def _counters(source: Any) -> dict[str, float]:
     try:
         s = source.stats()
@@ -590,8 +604,10 @@ def mix(sources: Sequence[Any], *, weights: Sequence[float] | None = None, seed:
         snapshot, snapshot_period_ticks: log a ``mix_snapshot`` event on logger ``headrace.mix``
             every that many ticks (default from ``HEADRACE_MIX_SNAPSHOT`` /
             ``HEADRACE_MIX_SNAPSHOT_PERIOD_TICKS``, or the ``MX8_`` spellings; period 64).
-        job, coord, profile, tune, runtime: accepted for mx8 compatibility. headrace needs no
-            coordinator; the sources keep their own profiles and tuning.
+        job, coord, profile, runtime: accepted for mx8 compatibility. headrace needs no
+            coordinator; the sources keep their own profiles.
+        tune: autotune every source's threads and prefetch, each inside its share of the
+            one byte budget (``docs/autotune.md``).
         timeline: record a stats timeline of the mix (``True``: a snapshot every 0.5 s; a
             number: the period in seconds) for ``stats_timeline()`` and ``headrace.plot``: the
             sources' queues, bytes in flight against the shared cap, busy and wait time, summed.
@@ -604,7 +620,9 @@ def mix(sources: Sequence[Any], *, weights: Sequence[float] | None = None, seed:
                       "world size come from the launcher)", UserWarning, stacklevel=2)
     if runtime is not None and getattr(runtime, "want", None) not in (None, 1):
         raise ConfigError("mix runtime.want is unsupported (the mix reads its sources' batches)")
-    del profile, tune  # the sources already carry their own profile and tuning
+    del profile  # the sources already carry their own profile
+    if tune:
+        _tune_sources(list(sources))
     if ram_gb is not None:
         from headrace._engine.config import ram_gb_to_bytes
 

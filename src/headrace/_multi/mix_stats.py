@@ -24,7 +24,8 @@ DEFAULT_SNAPSHOT_PERIOD_TICKS = 64
 #: (``set_epoch``, ``load_state_dict``) starts them over, so the mix keeps what they had
 SUMMED_COUNTERS = ("gather_busy_seconds", "transform_busy_seconds", "budget_wait_seconds",
                    "ram_wait_seconds")
-_SUMMED_READINGS = ("queue_depth", "batches_in_flight", "threads", "effective_max_queue_batches")
+_SUMMED_READINGS = ("queue_depth", "batches_in_flight", "threads", "prefetch_batches",
+                    "effective_max_queue_batches")
 _MAX_READINGS = ("ram_high_water_bytes", "counted_rss_high_water_bytes")
 
 
@@ -189,4 +190,7 @@ def mix_stats(m: Any) -> dict[str, Any]:
            for key in _MAX_READINGS},
         "elapsed_seconds": elapsed,
         "mix_sources": per_source,
+        # present only when the sources autotune (mix(tune=True)): their settings, summed above
+        **({"autotune_enabled": True}
+           if any(x.get("autotune_enabled") for x in unique.values()) else {}),
     }

@@ -34,8 +34,9 @@ def run(data: Any, *, batch: int = 512, ram_gb: float | None = 8.0, profile: str
             ignored with a warning that says so.
         recursive: folders and links: list subfolders too (default, as mx8); ``False``: only
             the files directly in the folder (one process only).
-        store, manifest, tune: accepted for mx8 compatibility (``store``/``manifest`` must be
-            None: headrace resolves links itself).
+        store, manifest: accepted for mx8 compatibility (must be None: headrace resolves
+            links itself).
+        tune: autotune threads and prefetch inside the caps (``docs/autotune.md``).
         **kwargs: passed on (``order``, ``seed``, ``epoch``, ``epochs``, ``tail``, ``threads``, ...).
 
     Returns:
@@ -49,7 +50,6 @@ def run(data: Any, *, batch: int = 512, ram_gb: float | None = 8.0, profile: str
     if store is not None or manifest is not None:
         raise ConfigError("run(store=, manifest=) are mx8 manifest-store options; headrace reads "
                           "the dataset link itself: pass it as data ('path@sha256:...')")
-    del tune
     if getattr(constraints, "max_ram_bytes", None) is not None:
         ram_gb = None  # the explicit Constraints cap wins over run()'s 8 GiB default
     launch = detect(rank=rank, world_size=world_size)
@@ -61,7 +61,8 @@ def run(data: Any, *, batch: int = 512, ram_gb: float | None = 8.0, profile: str
         if recursive is not None:  # folders and links: list subfolders too (mx8's default)
             kwargs["recursive"] = recursive
         return headrace.load(data, batch=batch, ram_gb=ram_gb, profile=profile, resume=resume,
-                             constraints=constraints, runtime=runtime, **kwargs)
+                             constraints=constraints, runtime=runtime, tune=bool(tune),
+                             **kwargs)
     if recursive is False:
         raise ConfigError("run(recursive=False) applies to one-process loading; under a launcher "
                           "each rank opens the dataset as it is listed recursively: pack the "
@@ -71,4 +72,4 @@ def run(data: Any, *, batch: int = 512, ram_gb: float | None = 8.0, profile: str
     return DistributedDataLoader(data, batch=batch, max_ram_gb=ram_gb, profile=profile,
                                  resume=resume, constraints=constraints, runtime=runtime,
                                  rank=launch.rank, world_size=launch.world_size,
-                                 local_rank=launch.local_rank, **kwargs)
+                                 local_rank=launch.local_rank, autotune=tune, **kwargs)
