@@ -640,7 +640,7 @@ def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | Non
           mean: tuple[float, float, float] | None = None,
           std: tuple[float, float, float] | None = None, float_out: bool = True,
           layout: str = "NCHW", interpolation: str = "auto", dct_scale: bool = True,
-          fast_decode: bool = False, on_decode_error: str = "error", to_torch: bool = False,
+          fast_decode: bool | None = None, on_decode_error: str = "error", to_torch: bool = False,
           label_mode: str | None = "auto", threads: int | None = None,
           inflight: int | None = None, ram_gb: float | None = None, queue: int | None = None,
           prefetch: int | None = None, profile: str | None = None, constraints: Any = None,
@@ -690,7 +690,10 @@ def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | Non
         interpolation: ``"auto"`` (area when shrinking >= 2x after DCT scaling, else bilinear),
             ``"area"`` or ``"linear"``.
         dct_scale: let libjpeg-turbo decode at 1/2, 1/4, 1/8 when that still covers the output.
-        fast_decode: libjpeg-turbo's fast IDCT and upsampling (slightly less accurate).
+        fast_decode: libjpeg-turbo's fast IDCT and chroma upsampling (10-15 % less decode CPU,
+            under 1 grey level mean after a downscale). ``None`` (default): on with ``resize``
+            or ``random_resized_crop``; off otherwise (native-size pixels, and the eval path,
+            which decodes exactly as Pillow does).
         on_decode_error: ``"error"`` raises :class:`~headrace.DecodeError` naming the record id
             and path; ``"skip"`` drops that image (the batch is shorter) and counts it in
             ``stats()["decode_errors_total"]``.
