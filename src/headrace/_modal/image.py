@@ -122,12 +122,12 @@ class _Decoder:
                     assert plan.size is not None and plan.post is not None
                     img = decode_window(buf, resized=plan.size, window=plan.post,
                                         out=out[k] if simple else None,
-                                        dct_scale=spec.dct_scale, fast=spec.fast)
+                                        dct_scale=spec.dct_scale, fast=bool(spec.fast))
                 else:
                     img = decode(buf, box=plan.box, size=plan.size,
                                  out=out[k] if simple else None,
                                  interpolation=spec.interpolation, dct_scale=spec.dct_scale,
-                                 fast=spec.fast)
+                                 fast=bool(spec.fast))
                 if not simple:
                     finish(spec, img, plan, out[k])
             except DecodeError as e:
