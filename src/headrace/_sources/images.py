@@ -188,10 +188,12 @@ def folder_class_labels(paths: list[str]) -> tuple[np.ndarray, list[str]]:
 
 
 def scan_tree(root: str, *, label_mode: str | None = "auto", require_labels: bool = False,
-              exclude: str | None = None, recursive: bool = True) -> Scan:
+              exclude: str | None = None, recursive: bool = True, fresh: bool = False) -> Scan:
     """Lists the image files under ``root`` with their labels (see ``pack_dir`` for the rules).
 
     ``recursive=False`` lists only the files directly in ``root`` (so none has a class folder).
+    An unchanged tree listed before in this process is not walked again unless ``fresh``
+    (see :mod:`headrace._sources.walk`).
 
     Raises:
         ConfigError: bad ``label_mode``; or labels are required (``imagefolder`` or
@@ -202,7 +204,8 @@ def scan_tree(root: str, *, label_mode: str | None = "auto", require_labels: boo
     root = os.path.abspath(root)
     if not os.path.isdir(root):
         raise FileNotFoundError(f"in_dir must be a directory: {root!r} is not one")
-    listing = list_files(root, IMAGE_EXTENSIONS, exclude=exclude, recursive=recursive)
+    listing = list_files(root, IMAGE_EXTENSIONS, exclude=exclude, recursive=recursive,
+                         fresh=fresh)
     paths = listing.paths
     labels, classes, note = label_paths(paths, mode=mode, require_labels=require_labels,
                                         root=root)
@@ -349,9 +352,10 @@ class FolderImages(ScannedFolder, ImageRecords):
     fingerprint: see :class:`ScannedFolder`)."""
 
     def __init__(self, root: str | os.PathLike[str], *, label_mode: str | None = "auto",
-                 require_labels: bool = False, recursive: bool = True) -> None:
+                 require_labels: bool = False, recursive: bool = True,
+                 fresh: bool = False) -> None:
         scan = scan_tree(os.fspath(root), label_mode=label_mode, require_labels=require_labels,
-                         recursive=recursive)
+                         recursive=recursive, fresh=fresh)
         if scan.note is not None:
             warnings.warn(scan.note, UserWarning, stacklevel=3)
         self._use_scan(scan, fingerprint_prefix="folder", digest_chars=16)
@@ -819,7 +823,8 @@ def open_image_records(data: Any, *, label_mode: str | None = "auto",
         return Mx8PackImages(p)
     if os.path.isdir(p):
         return FolderImages(p, label_mode=label_mode, require_labels=require_labels,
-                            recursive=link_options.get("recursive", True))
+                            recursive=link_options.get("recursive", True),
+                            fresh=suffix == "refresh")
     raise FileNotFoundError(f"no such dataset {p!r}: expected a headrace store, an mx8 pack "
                             "directory, an image folder or an s3:// link")
 

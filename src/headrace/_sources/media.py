@@ -106,11 +106,13 @@ class ViewReader(io.RawIOBase):
 
 
 def scan_media(root: str, *, kind: str, labels: bool | None = None,
-               exclude: str | None = None, recursive: bool = True) -> Scan:
+               exclude: str | None = None, recursive: bool = True, fresh: bool = False) -> Scan:
     """Lists the ``kind`` (``"audio"``/``"video"``) files under ``root`` with their labels.
 
     Args:
         recursive: list subfolders too (``False``: only the files directly in ``root``).
+        fresh: walk the folder even when an unchanged listing of it is cached
+            (see :mod:`headrace._sources.walk`).
         labels: ``True`` labels by first-level folder (every file must sit in one), ``False``
             never, ``None`` when every file sits in a folder.
     """
@@ -118,7 +120,7 @@ def scan_media(root: str, *, kind: str, labels: bool | None = None,
     root = os.path.abspath(root)
     if not os.path.isdir(root):
         raise FileNotFoundError(f"no such folder {root!r}")
-    listing = list_files(root, exts, exclude=exclude, recursive=recursive)
+    listing = list_files(root, exts, exclude=exclude, recursive=recursive, fresh=fresh)
     paths, sizes = listing.paths, listing.sizes
     label_ids = np.full(len(paths), -1, np.int64)
     classes = None
@@ -175,8 +177,10 @@ class FolderMedia(ScannedFolder, MediaFiles):
     :class:`~headrace._sources.images.ScannedFolder`)."""
 
     def __init__(self, root: str | os.PathLike[str], *, kind: str,
-                 labels: bool | None = None, recursive: bool = True) -> None:
-        self._use_scan(scan_media(os.fspath(root), kind=kind, labels=labels, recursive=recursive),
+                 labels: bool | None = None, recursive: bool = True,
+                 fresh: bool = False) -> None:
+        self._use_scan(scan_media(os.fspath(root), kind=kind, labels=labels, recursive=recursive,
+                                  fresh=fresh),
                        fingerprint_prefix=f"{kind}-folder", digest_chars=24)
 
     def open(self, i: int) -> str:
@@ -269,7 +273,8 @@ def open_media(data: Any, *, kind: str, labels: bool | None = None,
         return StoreMedia(data, kind=kind)
     if isinstance(data, str | os.PathLike):
         p = os.fspath(data)
-        if p.endswith("@refresh"):  # a local store is always read at its latest commit
+        fresh = p.endswith("@refresh")  # a local store is always read at its latest commit,
+        if fresh:  # a folder is listed again
             p = p[: -len("@refresh")]
         if os.path.isfile(os.path.join(p, "meta.json")):
             from headrace._store.reader import open as open_store
@@ -278,7 +283,7 @@ def open_media(data: Any, *, kind: str, labels: bool | None = None,
         if is_mx8_pack(p):
             return Mx8PackMedia(p)
         if os.path.isdir(p):
-            return FolderMedia(p, kind=kind, labels=labels, recursive=recursive)
+            return FolderMedia(p, kind=kind, labels=labels, recursive=recursive, fresh=fresh)
         raise FileNotFoundError(f"no such dataset {p!r}: expected a headrace store or a folder "
                                 f"of {kind} files")
     raise ConfigError(f"cannot read {kind} from {data!r}: pass a store path or Store, or a "
