@@ -396,11 +396,23 @@ def test_nothing_to_yield_endless_is_an_error_not_a_spin(kind: Kind, data: Data)
     assert isinstance(err, headrace.HeadraceError), f"{kind}: {err!r}"
 
 
-@pytest.mark.parametrize("kind", kinds("Loader", "load", "DataLoader", "DistributedDataLoader",
-                                       "mix", "mix-arrays"), ids=repr)
+@pytest.mark.parametrize("kind", ALL, ids=repr)
 def test_nothing_to_yield_in_one_epoch_is_an_error(kind: Kind, data: Data) -> None:
+    """Empty data is refused the same way by every kind (never an epoch that silently yields
+    nothing): a ConfigError naming what is empty and what to do."""
     err = _outcome(lambda: _drain_empty(kind, data, 1))
-    assert isinstance(err, headrace.HeadraceError), f"{kind}: {err!r}"
+    assert isinstance(err, headrace.ConfigError), f"{kind}: {err!r}"
+    assert "nothing to load" in str(err) and "check the path" in str(err), f"{kind}: {err}"
+
+
+def test_an_empty_range_of_data_and_a_rank_without_a_batch_are_not_errors(data: Data) -> None:
+    """What refusing empty data leaves alone: ``start == end`` (a resume at the end of a range)
+    and a rank whose share is no full batch (as torch's DistributedSampler with drop_last)."""
+    with headrace.Loader(str(data.store), batch=4, start=5, end=5) as ld:
+        assert list(ld) == []
+    with headrace.DistributedDataLoader(str(data.store), batch=4, rank=1, world_size=2,
+                                        check=False, end=2, drop_last=True) as ld:
+        assert list(ld) == []
 
 
 # -- keywords ----------------------------------------------------------------------------------

@@ -125,8 +125,11 @@ def test_bad_arguments():
         headrace.Loader(COLS, tail="wrap")
     with pytest.raises(headrace.ConfigError, match="conflicts"):
         headrace.Loader(COLS, drop_last=True, tail="pad")
+    for epochs in (None, 1):  # empty data: never an empty epoch nor a spin
+        with pytest.raises(headrace.ConfigError, match="the dict given holds no records"):
+            headrace.Loader({"v": np.zeros(0)}, epochs=epochs)
     with pytest.raises(headrace.ConfigError, match="needs at least one record"):
-        headrace.Loader({"v": np.zeros(0)}, epochs=None)
+        headrace.Loader(COLS, epochs=None, start=2, end=2)
 
 
 @settings(max_examples=150, deadline=None)

@@ -490,6 +490,19 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
+
+def _refuse_empty(given: Any, source: Source) -> None:
+    """As the image/audio/video/text loaders: empty data is a mistake (a wrong path, an unfinished
+    pack), never an epoch that silently yields nothing. An empty range of non-empty data
+    (``start == end``, a resume at the end) and a rank with no full batch stay legitimate."""
+    if isinstance(given, str | os.PathLike):
+        what = repr(os.fspath(given))
+    else:
+        path = getattr(getattr(source, "store", None), "path", None)
+        what = f"store {path!r}" if path is not None else f"the {type(given).__name__} given"
+    raise ConfigError(f"{what} holds no records: there is nothing to load; check the path, or "
+                      "pack the data before loading it")
+
 class Loader:
     """Deterministic, threaded batches from a source, under hard memory caps.
 
@@ -631,6 +644,8 @@ class Loader:
         self.source: Source = open_source(source) if opened else source
         self._owns_source = opened if close_source is None else close_source
         try:
+            if len(self.source) == 0:
+                _refuse_empty(source, self.source)
             self._setup(first_epoch, epochs, start, end, transform, transform_nbytes, resume)
         except BaseException:
             if self._owns_source:

@@ -37,6 +37,7 @@ from headrace._engine.lifecycle import (
     YIELD_KEY,
     SingleLoaderWrapper,
     ThenTransform,
+    refuse_empty,
 )
 from headrace._engine.loader import Loader, resolve_order
 from headrace._engine.timeline import timeline_period
@@ -285,6 +286,7 @@ class VideoLoader(SingleLoaderWrapper):
         self._closed = False
         self.last_ids = np.empty(0, np.int64)
         try:
+            refuse_empty(len(self.files), "video files", data)
             self.index, self.index_info = build_index(self.files, clip=clip, stride=stride,
                                                       fps=self.fps, cache_dir=index_dir,
                                                       progress=progress)
