@@ -69,3 +69,38 @@ def test_damaged_record_among_verified_ones_is_caught(path_kind, tmp_path):
         s.gather(np.array([3, victim, 7]))
     assert info.value.record_ids == [victim]
     assert s.gather(np.array([3, 7]))["x"].tolist() == x[[3, 7]].tolist()
+
+
+@pytest.mark.parametrize("kind", ["c", "python"])
+def test_verified_bitmap_same_in_c_and_numpy(kind, monkeypatch):
+    from headrace._store import snapshot
+
+    if kind == "python":
+        monkeypatch.setattr(snapshot, "_c_mark", None)
+        monkeypatch.setattr(snapshot, "_c_unset", None)
+    elif snapshot._c_mark is None:
+        pytest.skip("headrace._store._crcrows was not built")
+    n = 1003
+    v = snapshot.Verified(["x"], n)
+    rng = np.random.default_rng(1)
+    seen: set[int] = set()
+    for _ in range(40):
+        ids = rng.integers(0, n, 64)  # repeats within a batch count once
+        todo = v.todo("x", ids)
+        assert todo.tolist() == [j for j, i in enumerate(ids.tolist()) if i not in seen]
+        v.mark("x", ids[todo])
+        seen.update(ids.tolist())
+        assert v.count["x"] == len(seen)
+    v.mark("x", np.arange(n, dtype=np.int64))
+    assert v.count["x"] == n and not len(v.todo("x", np.arange(n, dtype=np.int64)))
+
+
+def test_bitmap_refuses_ids_outside():
+    from headrace._store import snapshot
+
+    if snapshot._c_mark is None:
+        pytest.skip("headrace._store._crcrows was not built")
+    with pytest.raises(IndexError, match="outside"):
+        snapshot._c_mark(np.zeros(2, np.uint8), np.array([16], np.int64))
+    with pytest.raises(IndexError, match="outside"):
+        snapshot._c_unset(np.zeros(2, np.uint8), np.array([-1], np.int64))

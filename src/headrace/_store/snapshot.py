@@ -32,6 +32,12 @@ _MAP_RETRIES = 20  # a concurrent commit may unlink files between reading meta.j
 NOPOS = np.zeros(0, np.int64)
 _BIT = np.left_shift(1, np.arange(8)).astype(np.uint8)
 
+try:  # one C call per batch for the bitmap (the NumPy passes below give the same results)
+    from headrace._store._crcrows import mark as _c_mark
+    from headrace._store._crcrows import unset as _c_unset
+except ImportError:
+    _c_mark = _c_unset = None
+
 
 class Verified:
     """Which records this process has verified (entry + crc), per field: a bitmap of N/8 bytes.
@@ -62,6 +68,8 @@ class Verified:
         """Positions in ``idx`` whose records are not verified yet."""
         if self.count[name] >= self.n:
             return NOPOS
+        if _c_unset is not None and idx.dtype == np.int64 and idx.flags.c_contiguous:
+            return np.frombuffer(_c_unset(self.bits[name], idx), np.int64)
         done = self.bits[name].take(idx >> 3) & _BIT.take(idx & 7)
         return np.flatnonzero(done == 0)
 
@@ -71,10 +79,15 @@ class Verified:
             return
         with self._lock:  # the count must not double-count records marked by two threads
             bm = self.bits[name]
-            u = np.unique(ids)
-            new = u[(bm.take(u >> 3) & _BIT.take(u & 7)) == 0]
+            if _c_mark is not None and ids.dtype == np.int64 and ids.flags.c_contiguous:
+                self.count[name] += _c_mark(bm, ids)
+                return
+            new = ids[(bm.take(ids >> 3) & _BIT.take(ids & 7)) == 0]
+            if not len(new):
+                return
+            new = np.sort(new)  # a batch may hold a record twice (iid): count it once
             np.bitwise_or.at(bm, new >> 3, _BIT.take(new & 7))
-            self.count[name] += len(new)
+            self.count[name] += int(np.count_nonzero(new[1:] != new[:-1])) + 1
 
 
 def _map_file(path: str, size: int, missing: list[str] | None = None) -> np.ndarray:
@@ -205,7 +218,9 @@ def sequential_layout(st: Snapshot, name: str) -> Layout | None:
     records of a chunk are consecutive ids at consecutive rows, so the whole index reduces to one
     shift per chunk run, and a gather needs no random reads of the index at all (one
     ``searchsorted`` over the run starts instead). The scan also proves every entry valid (full
-    length, inside its chunk), which is what the per-record index check would establish.
+    length, aligned, inside its chunk's committed bytes, aux size equal to the record size), which
+    is all the per-record entry check (``check_entries``) establishes: with a layout, a record's
+    first read checks only its crc32c.
 
     Returns:
         The ``Layout``, or ``None`` when the layout is not sequential (use the index).
@@ -224,7 +239,9 @@ def sequential_layout(st: Snapshot, name: str) -> Layout | None:
         off = ent[:, 1].astype(np.int64) | (ent[:, 2].astype(np.int64) << 32)
         slot = chunk_slots(st, cid)
         ok = bool((ent[:, 3] == f.rec).all()) and bool((off % f.rec == 0).all()) \
-            and bool((slot < len(vstart)).all())
+            and bool((slot < len(vstart)).all()) and len(f.aux_u4) >= n \
+            and bool((f.aux_u4[:n, 1] == f.rec).all()) and bool((off >= 0).all()) \
+            and bool((off + f.rec <= st.limits[name][slot]).all())
         if ok:
             start = vstart[slot]
             ok = bool((start >= 0).all())
