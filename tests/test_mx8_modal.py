@@ -96,6 +96,7 @@ def test_text_batches_equal_mx8s(text_pack, tok_path, tmp_path, kw, where):
                           **kw))
     with mx8.text(str(text_pack / where), tokenizer=tok_path, **kw) as ld:
         got = list(ld)
+        assert list(ld) == []  # as mx8: an ended loader keeps ending
         assert (ld.sequence_length, ld.stride) == (kw["seq_len"], kw["stride"])
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
@@ -136,6 +137,9 @@ def test_text_stats_keys_resume_and_errors(text_pack, tok_path, tmp_path):
         mx8.text(str(text_pack / "pk"), on_decode_error="ignore", **kw)
     with pytest.raises(ConfigError, match="sequence_length must be > 0"):
         mx8.text(str(text_pack / "pk"), tokenizer=tok_path, seq_len=0)
+    with pytest.raises(ConfigError, match=r"add_eos=True but tokenizer has no known EOS "
+                                          r"token id; pass add_eos=False"):
+        mx8.text(str(text_pack / "pk"), tokenizer=lambda s: [len(w) for w in s.split()])
     too_long = mx8.text(str(text_pack / "pk"), tokenizer=tok_path, seq_len=3, truncate="error")
     with pytest.raises(ConfigError, match=r"token sequence too long for sample_id=1"):
         list(too_long)
@@ -155,6 +159,7 @@ def test_audio_batches_equal_mx8s(audio_pack, tmp_path, kw, where):
     want = list(real.audio(str(audio_pack / "pk"), store=str(tmp_path / "ms"), **kw))
     with mx8.audio(str(audio_pack / where), **kw) as ld:
         got = list(ld)
+        assert list(ld) == []
         assert (ld.sample_count, ld.channels, ld.sample_rate_hz) == (
             kw["samples"], 1, kw.get("rate_hz"))
     assert len(got) == len(want)
@@ -281,6 +286,7 @@ def test_video_batches(tmp_path):
     for where in ("v", "vpk"):  # a folder of videos and mx8's pack of it
         ld = mx8.video(str(tmp_path / where), clip=4, stride=8, fps=8, batch=3)
         got = list(ld)
+        assert list(ld) == []
         assert ld.frames_per_clip == 4 and ld.clip_count == 8
         assert len(got) == len(want) == 3
         for g, w in zip(got, want, strict=True):

@@ -125,13 +125,22 @@ def text(data: Any, *, store: Any = None, manifest: Any = None, recursive: bool 
                  "resume": kw["resume"], **_loader_kw(kw)}
     _drop_unused_store(data, kw)
     options = {"store": kw["store"]} if "store" in kw else {}
-    inner = _stream_loader(data, batch=kw["batch"], tokenizer=tokenizer, seq_len=seq_len,
-                           stride=seq_len if stride is None else stride, add_bos=add_bos,
-                           add_eos=add_eos, truncate=truncate, return_mask=return_mask,
-                           on_decode_error=on_decode_error, packing="pad", drop_last=False,
-                           ids=(None, None, None), text_key="text", recursive=recursive,
-                           to_torch=False, loader_kw=loader_kw, options=options,
-                           timeline_s=None)
+    try:
+        inner = _stream_loader(data, batch=kw["batch"], tokenizer=tokenizer, seq_len=seq_len,
+                               stride=seq_len if stride is None else stride, add_bos=add_bos,
+                               add_eos=add_eos, truncate=truncate, return_mask=return_mask,
+                               on_decode_error=on_decode_error, packing="pad", drop_last=False,
+                               ids=(None, None, None), text_key="text", recursive=recursive,
+                               to_torch=False, loader_kw=loader_kw, options=options,
+                               timeline_s=None)
+    except ConfigError as e:
+        special = next((w for w in ("BOS", "EOS") if f"no known {w} token id" in str(e)), None)
+        if special is None:
+            raise
+        flag = "add_bos" if special == "BOS" else "add_eos"
+        raise ConfigError(f"{flag}=True but tokenizer has no known {special} token id; pass "
+                          f"{flag}=False, or a tokenizer with one of mx8's {special} tokens "
+                          "(headrace.text takes bos_id=/eos_id= too)") from None
     return TextLoader(inner, bool(return_mask))
 
 
