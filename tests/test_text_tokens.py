@@ -147,3 +147,31 @@ def test_a_fixed_shape_tokens_field_says_it_must_be_ragged(tmp_path):
         w.commit()
     with pytest.raises(ConfigError, match=r"ragged.*'shape': None"):
         headrace.text(path, seq_len=4)
+
+
+@pytest.mark.parametrize("tokens", [np.zeros((3, 8), np.int32), np.arange(24, dtype=np.uint16),
+                                    [np.zeros(5, np.float32)] * 3, [b"abcde"] * 3])
+def test_a_packed_tokens_field_of_the_wrong_kind_names_dtype_shape_and_spelling(tmp_path, tokens):
+    bad, good = str(tmp_path / "bad.hr"), str(tmp_path / "good.hr")
+    headrace.pack_arrays(bad, tokens=tokens, progress=False)
+    with pytest.raises(ConfigError, match=r"is ragged.*int32.*pack_arrays\(out, tokens=") as e:
+        headrace.text(bad, seq_len=4)
+    # the spelling the message gives packs a token field text() reads
+    spelled = str(e.value).split("pack_arrays(out, tokens=")[1].split("), create(")[0]
+    docs = [np.arange(6) + 10 * d for d in range(3)]
+    headrace.pack_arrays(good, tokens=eval(spelled, {"np": np, "docs": docs}), progress=False)
+    with headrace.text(good, seq_len=4, batch=1, eos_id=0, targets=True) as loader:
+        assert sum(len(b["inputs"]) for b in loader) > 0
+
+
+def test_pack_arrays_of_a_token_bin_says_how_to_read_it(corpus, tmp_path):
+    with pytest.raises(ConfigError, match=r"not a \.npy file.*headrace\.text\(.*dtype=") as e:
+        headrace.pack_arrays(tmp_path / "s", tokens=corpus["bin"])
+    assert "np.memmap(" in str(e.value) and not (tmp_path / "s").exists()
+    # what it points at works: the file read as it is, or mapped and packed as a field
+    with headrace.text(corpus["bin"], dtype="uint16", seq_len=8, batch=4, targets=True) as loader:
+        assert next(iter(loader))["inputs"].shape == (4, 8)
+    headrace.pack_arrays(tmp_path / "s", tokens=np.memmap(corpus["bin"], dtype="uint16", mode="r"),
+                         progress=False)
+    with headrace.open(str(tmp_path / "s")) as st:
+        np.testing.assert_array_equal(st.gather(np.arange(5))["tokens"], corpus["tokens"][:5])

@@ -556,10 +556,12 @@ def _open_tokens(data: Any, *, field: str, tokenizer: Any, text_key: str, txt_mo
             shape = "ragged" if tok.shape is None else f"shape {list(tok.shape)}"
             raise ConfigError(
                 f"field {field!r} of {os.fspath(getattr(data, 'path', data))} is {tok.dtype} "
-                f"({shape}); a token field holds one variable-length integer array per document "
-                f"(int16/int32/int64, ragged): create(path, fields={{{field!r}: {{'dtype': "
-                "'int32', 'shape': None}}) or headrace.pack_text; a flat token array can be "
-                "read as it is: text(tokens_array) or text('train.bin', dtype='uint16')")
+                f"({shape}); a token field is ragged, one 1-D array of integer ids per document, "
+                "int32 (or another integer type of 2 bytes or more: uint16, int64, ...): "
+                f"pack_arrays(out, {field}=[np.asarray(doc, np.int32) for doc in docs]), "
+                f"create(path, fields={{{field!r}: {{'dtype': 'int32', 'shape': None}}}}) or "
+                "headrace.pack_text; a flat token array is read as it is, unpacked: "
+                "text(tokens_array) or text('train.bin', dtype='uint16')")
         if spec is None:
             raise ConfigError(f"store {os.fspath(getattr(data, 'path', data))} has neither a "
                               f"token field {field!r} nor a text field {text_key!r}; pass "

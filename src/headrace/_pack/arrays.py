@@ -162,12 +162,22 @@ def _ragged_source(name: str, items: Sequence[Any]) -> _Source:
                    row_bytes=row_bytes, array=records)
 
 
+def _not_npy(name: str, path: str) -> str:
+    msg = (f"field {name!r}: {path!r} is not a .npy file; pass a NumPy array or the path of a "
+           ".npy file")
+    if path.endswith(".bin"):  # a headerless array, as nanoGPT's train.bin: its dtype is unsaid
+        msg += (f". A flat token file needs no packing: headrace.text({path!r}, dtype='uint16', "
+                "seq_len=...) reads it mapped, as it is; to pack a raw array file as a field, "
+                f"pass it mapped with its dtype: {name}=np.memmap({path!r}, dtype='uint16', "
+                "mode='r')")
+    return msg
+
+
 def _source(name: str, value: Any) -> _Source:
     if isinstance(value, str | os.PathLike):
         path = os.fspath(value)
         if not path.endswith(".npy"):
-            raise ConfigError(f"field {name!r}: {path!r} is not a .npy file; pass a NumPy array "
-                              "or the path of a .npy file")
+            raise ConfigError(_not_npy(name, path))
         return _from_npy(name, path)
     if (isinstance(value, np.memmap) and isinstance(value.base, mmap.mmap) and value.filename
             and value.mode != "c"):  # copy-on-write maps hold changes the file does not
