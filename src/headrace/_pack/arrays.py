@@ -13,7 +13,6 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
@@ -26,6 +25,7 @@ import numpy as np
 from headrace._base.errors import ConfigError, SchemaError, StoreExistsError
 from headrace._base.fsutil import publish_dir
 from headrace._base.progress import progress as _progress_bar
+from headrace._base.staging import make_staging
 from headrace._pack import parallel as _parallel_pack
 
 __all__ = ["pack_arrays"]
@@ -293,7 +293,7 @@ def pack_arrays(out: str | os.PathLike[str], *, codec: str | Mapping[str, str] =
     target = os.path.abspath(out_path)
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(target)}.partial-")
+    staging = make_staging(target)
     try:
         with create(staging, fields=specs, chunk_mb=chunk_mb) as writer, _progress_bar(
                 n * row_bytes, desc=f"pack {out_path.name}", unit="B", enabled=progress) as bar:

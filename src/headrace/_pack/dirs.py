@@ -11,7 +11,6 @@ import hashlib
 import os
 import shutil
 import struct
-import tempfile
 import warnings
 from concurrent.futures import Executor
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from headrace._base.errors import ConfigError
 from headrace._base.fsutil import publish_dir, replace_store
 from headrace._base.progress import progress as progress_bar
+from headrace._base.staging import make_staging
 from headrace._pack import parallel as _parallel_pack
 from headrace._sources.file_batches import read_batches
 from headrace._sources.images import LABELS_FILE, scan_tree, write_labels_tsv
@@ -103,7 +103,7 @@ def pack_dir(in_dir: str | os.PathLike[str], *, out: str | os.PathLike[str],
     # Built in a private sibling folder, published with one rename: a kill leaves nothing at out.
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.partial-")
+    staging = make_staging(out)
     try:
         with create(staging, fields=fields, chunk_mb=shard_mb, attrs=attrs) as w, \
                 progress_bar(int(scan.sizes.sum()), desc="pack_dir", enabled=progress) as bar:

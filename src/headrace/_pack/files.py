@@ -30,6 +30,7 @@ import numpy as np
 from headrace._base.errors import ConfigError, StoreExistsError
 from headrace._base.fsutil import publish_dir
 from headrace._base.progress import progress as progress_bar
+from headrace._base.staging import make_staging
 from headrace._pack import parallel as _parallel_pack
 from headrace._remote.links import parse_link
 from headrace._remote.objstore import ObjectStore, S3Options
@@ -205,7 +206,7 @@ def _pack_local(source: RawSource, out: str, *, bar: Any, workers: int | None = 
         return
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.partial-")
+    staging = make_staging(out)
     try:
         _build(source, staging, bar=bar, **kw)
         publish_dir(staging, out, who="pack")

@@ -50,6 +50,7 @@ import numpy as np
 from headrace._base.errors import ConfigError, PackWorkerError
 from headrace._base.fsutil import discard_dir, publish_dir
 from headrace._base.progress import progress as progress_bar
+from headrace._base.staging import make_staging
 from headrace._store import format as _format
 from headrace._store.folio_writes import FOLIO_BYTES
 from headrace._store.format import (
@@ -354,7 +355,7 @@ def run_parts(out: str, *, ranges: Sequence[tuple[int, int]],
     """
     parent = os.path.dirname(out) or "."
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.partial-")
+    staging = make_staging(out)
     parts_dir = os.path.join(staging, PARTS_DIR)
     os.mkdir(parts_dir)
     count = len(ranges)

@@ -25,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from headrace._base.errors import ConfigError, DecodeError
-from headrace._base.fsutil import undo_dir
+from headrace._base.errors import ConfigError, DecodeError, StoreExistsError
+from headrace._base.fsutil import discard_dir, publish_dir
 from headrace._base.progress import progress as progress_bar
+from headrace._base.staging import make_staging
 from headrace._pack.tokenizer import TextTokenizer, as_tokenizer
 from headrace._store.format import looks_like_store
 
@@ -286,22 +287,34 @@ def pack_text(src: Any, out: str | os.PathLike[str], *, tokenizer: Any = None,
 def _pack(docs: _Docs, out: str, tok: TextTokenizer, *, field: str, on_decode_error: str,
           progress: bool | None, batch_bytes: int, chunk_mb: float, create: Any,
           settings: dict[str, Any]) -> dict[str, Any]:
-    made = not os.path.exists(out)
-    writer = create(out, fields={field: {"dtype": "int32", "shape": None}}, chunk_mb=chunk_mb)
+    # Built in a private sibling folder and published with one rename, as every other packer: a
+    # failure or a kill leaves nothing at ``out`` (a folder that was empty stays so), and a
+    # pack running elsewhere to the same ``out`` is never touched.
+    target = os.path.abspath(out)
+    if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
+        raise StoreExistsError(f"pack_text: cannot create a store at {out}: it exists and is not "
+                               "an empty directory; pick a new out")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    staging = make_staging(target)
     try:
-        counts = _fill(writer, docs, tok, field=field, on_decode_error=on_decode_error,
-              progress=progress, batch_bytes=batch_bytes, settings=settings)
+        writer = create(staging, fields={field: {"dtype": "int32", "shape": None}},
+                        chunk_mb=chunk_mb)
+        try:
+            counts = _fill(writer, docs, tok, field=field, on_decode_error=on_decode_error,
+                           progress=progress, batch_bytes=batch_bytes, settings=settings,
+                           desc=f"pack_text {out}")
+        finally:
+            writer.close()
+        publish_dir(staging, target, who="pack_text")
     except BaseException:
-        writer.close()
-        # create() succeeded, so out was new or empty: leave nothing half-made behind
-        undo_dir(out, made=made)
+        discard_dir(staging)
         raise
-    writer.close()
     return {"path": out, **counts, **tok.identity()}
 
 
 def _fill(w: Any, docs: _Docs, tok: TextTokenizer, *, field: str, on_decode_error: str,
-          progress: bool | None, batch_bytes: int, settings: dict[str, Any]) -> dict[str, int]:
+          progress: bool | None, batch_bytes: int, settings: dict[str, Any],
+          desc: str) -> dict[str, int]:
     unit = "B" if docs.inputs else "doc"
     counts = {"documents": 0, "tokens": 0, "skipped": 0}
     pending: list[str] = []
@@ -316,7 +329,7 @@ def _fill(w: Any, docs: _Docs, tok: TextTokenizer, *, field: str, on_decode_erro
             counts["tokens"] += sum(len(a) for a in ids)
         pending, pending_bytes = [], 0
 
-    with progress_bar(docs.total, desc=f"pack_text {w.path}", unit=unit,
+    with progress_bar(docs.total, desc=desc, unit=unit,
                       enabled=progress) as bar:
         ordinal = 0
         for where, text, done in docs:

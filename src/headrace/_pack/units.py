@@ -13,7 +13,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ import numpy as np
 from headrace._base.errors import ConfigError, StoreExistsError
 from headrace._base.fsutil import discard_dir
 from headrace._base.progress import progress as progress_bar
+from headrace._base.staging import make_staging
 from headrace._pack import parallel as _parallel
 from headrace._store import format as _format
 
@@ -79,7 +79,7 @@ def _serial(target: str, *, fields: Mapping[str, Any], attrs: Mapping[str, Any],
 
     parent = os.path.dirname(target) or "."
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(target)}.partial-")
+    staging = make_staging(target)
     try:
         with create(staging, fields=fields, chunk_mb=chunk_mb, attrs=attrs) as w, \
                 progress_bar(int(np.sum(unit_bytes)), desc=desc, enabled=progress) as bar:
