@@ -23,11 +23,12 @@ import numpy as np
 import pytest
 
 import headrace
-from _kinds import KINDS, Data, Kind
+from _kinds import BATCH, KINDS, Data, Kind
 from _loader_util import as_plain
 from headrace._engine import checkpoint as _checkpoint
 
 ALL = list(KINDS.values())
+MIXES = [k for k in ALL if k.name.startswith("mix")]
 
 
 def kinds(*excluded: str) -> list[Kind]:
@@ -417,9 +418,12 @@ def test_an_empty_range_of_data_and_a_rank_without_a_batch_are_not_errors(data: 
 
 # -- keywords ----------------------------------------------------------------------------------
 
-#: the core keywords a mix takes (the others are its sources' business: batch, order, threads ...)
+#: the core keywords a mix takes with their meaning (``batch``: checked against the sources')
 MIX_CORE = ("seed", "epoch", "inflight", "ram_gb", "profile", "constraints", "runtime", "resume",
-            "timeline", "tune")
+            "timeline", "tune", "batch")
+#: the core keywords that are each source's business: a mix refuses them, saying so
+MIX_SOURCES_ONLY = ("order", "shuffle", "epochs", "drop_last", "tail", "rank", "world_size",
+                    "threads", "queue", "prefetch", "transform")
 
 
 @pytest.mark.parametrize(("typo", "meant"), [("sede", "seed"), ("resum", "resume"),
@@ -443,9 +447,10 @@ def test_the_core_keywords_are_accepted(kind: Kind, data: Data) -> None:
               "profile": "balanced", "constraints": headrace.Constraints(),
               "runtime": headrace.RuntimeConfig(), "resume": None, "timeline": 0.01,
               "transform": None, "tune": True}
-    assert set(values) | {"batch"} == set(CORE)
+    assert set(values) | {"batch"} == set(CORE) == set(MIX_CORE) | set(MIX_SOURCES_ONLY)
     fixed = {"batch"} | ({"rank", "world_size"} if kind.name == "DistributedDataLoader" else set())
     names = set(MIX_CORE) if kind.name.startswith("mix") else set(CORE) - fixed
+    values["batch"] = BATCH  # a mix checks it against its sources' batch size
     if kind.endless:  # loaderx's DataLoader: endless unless told, a loaderx transform
         names -= {"epochs", "transform"}
     with kind.make(data, **{k: values[k] for k in names}) as loader:
@@ -459,6 +464,26 @@ def test_the_core_keywords_are_accepted(kind: Kind, data: Data) -> None:
     else:
         assert got[:len(one_epoch)] == one_epoch and len(got) == 2 * len(one_epoch)  # epochs=2
     assert s["delivered_batches_total"] == len(got)
+
+
+@pytest.mark.parametrize("name", MIX_SOURCES_ONLY)
+def test_a_mix_refuses_the_core_keywords_of_its_sources_saying_why(data: Data,
+                                                                   name: str) -> None:
+    value = {"order": "shuffle", "shuffle": True, "epochs": 2, "drop_last": True,
+             "tail": "drop", "rank": 0, "world_size": 2, "threads": 2, "queue": 4,
+             "prefetch": 2, "transform": lambda b, ids: b}[name]
+    why = rf"mix\({name}=.*does not apply to a mix: .*; set {name}= on each source instead"
+    with KINDS["Loader"].make(data) as a, KINDS["load"].make(data) as b, \
+            pytest.raises(headrace.ConfigError, match=why):
+        headrace.mix([a, b], **{name: value})
+
+
+@pytest.mark.parametrize("kind", MIXES, ids=repr)
+def test_a_mix_checks_batch_against_its_sources(kind: Kind, data: Data) -> None:
+    with kind.make(data, batch=BATCH) as mixed:
+        assert read(mixed, 3)
+    with pytest.raises(headrace.ConfigError, match=rf"batch size is {BATCH}.*on each source"):
+        kind.make(data, batch=BATCH + 1)
 
 
 # -- ranks under a real launcher ---------------------------------------------------------------

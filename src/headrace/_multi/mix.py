@@ -573,6 +573,35 @@ def _counters(source: Any) -> dict[str, float]:
     return out
 
 
+#: why each core keyword that is a source's business does not apply to a mix
+_SOURCE_KEYWORDS = {
+    "order": "the mix picks among its sources by weights (seed= breaks ties); a source's "
+             "order is its own",
+    "shuffle": "the mix picks among its sources by weights (seed= breaks ties); a source's "
+               "order is its own",
+    "epochs": "a mix ends as its sources do (on_source_exhausted= says what happens when one "
+              "ends)",
+    "drop_last": "a mix yields its sources' batches unchanged, short ones too",
+    "tail": "a mix yields its sources' batches unchanged, short ones too",
+    "rank": "each source reads its own rank's share",
+    "world_size": "each source reads its own rank's share",
+    "threads": "each source builds its own batches (tune=True tunes them all inside the "
+               "shared budget)",
+    "queue": "each source queues its own batches (tune=True tunes them all inside the shared "
+             "budget)",
+    "prefetch": "each source prefetches its own batches (tune=True tunes them all inside the "
+                "shared budget)",
+    "transform": "a transform's ids and seeds are one source's records",
+}
+
+
+def _refuse_source_keywords(given: dict[str, Any]) -> None:
+    for name, value in given.items():
+        if value is not None:
+            raise ConfigError(f"mix({name}={value!r}) does not apply to a mix: "
+                              f"{_SOURCE_KEYWORDS[name]}; set {name}= on each source instead")
+
+
 @checked("mix()")
 def mix(sources: Sequence[Any], *, weights: Sequence[float] | None = None, seed: int = 0,
         epoch: int = 0, starvation: int = 10000, on_source_exhausted: str = "error",
@@ -580,7 +609,11 @@ def mix(sources: Sequence[Any], *, weights: Sequence[float] | None = None, seed:
         constraints: Constraints | None = None, snapshot: bool | None = None,
         snapshot_period_ticks: int | None = None, job: str | None = None,
         coord: str | None = None, profile: str | None = None, tune: bool | None = None,
-        runtime: Any = None, timeline: bool | float = False) -> MixedLoader:
+        runtime: Any = None, timeline: bool | float = False, batch: int | None = None,
+        order: str | None = None, shuffle: bool | None = None, epochs: int | None = None,
+        drop_last: bool | None = None, tail: str | None = None, rank: int | None = None,
+        world_size: int | None = None, threads: int | None = None, queue: int | None = None,
+        prefetch: int | None = None, transform: Any = None) -> MixedLoader:
     """Compose loaders into one deterministic stream of their batches.
 
     Args:
@@ -611,10 +644,25 @@ def mix(sources: Sequence[Any], *, weights: Sequence[float] | None = None, seed:
         timeline: record a stats timeline of the mix (``True``: a snapshot every 0.5 s; a
             number: the period in seconds) for ``stats_timeline()`` and ``headrace.plot``: the
             sources' queues, bytes in flight against the shared cap, busy and wait time, summed.
+        batch: the sources' batch size, checked (``ConfigError`` when they have another).
+        order, shuffle, epochs, drop_last, tail, rank, world_size, threads, queue, prefetch,
+            transform: the other core keywords are each source's: set on a mix, each is a
+            ``ConfigError`` saying why and to set it on the sources (``None``: not given).
 
     Returns:
         A :class:`MixedLoader`.
     """
+    _refuse_source_keywords({
+        "order": order, "shuffle": shuffle, "epochs": epochs, "drop_last": drop_last,
+        "tail": tail, "rank": rank, "world_size": world_size, "threads": threads, "queue": queue,
+        "prefetch": prefetch, "transform": transform})
+    if batch is not None:
+        sizes = sorted({int(b) for b in (getattr(s, "batch_size", None) for s in sources)
+                        if b is not None})
+        if sizes and sizes != [batch]:
+            raise ConfigError(f"mix(batch={batch!r}): the sources' batch size is "
+                              f"{sizes[0] if len(sizes) == 1 else sizes}; a mix yields its "
+                              "sources' batches unchanged: set batch= on each source")
     if job is not None or coord is not None:
         warnings.warn("mix(job=, coord=) are ignored: headrace needs no coordinator (rank and "
                       "world size come from the launcher)", UserWarning, stacklevel=2)
