@@ -12,7 +12,8 @@ Signals, measured over an interval of at least ``min_batches`` delivered batches
 ``min_seconds`` (the consumer's ``next()`` steps the tuner; a clock compare per batch otherwise):
 
 * ``wait``: the share of the interval the consumer spent waiting for batches;
-* ``busy``: the share of the active workers' time spent gathering and transforming;
+* ``busy``: gather and transform seconds (the workers' and the consumer's own) over the active
+  workers' time;
 * ``capped``: the share of the interval producers spent blocked on the byte budget or RAM cap;
 * ``rate``: batches delivered per second.
 
@@ -20,8 +21,8 @@ Decisions, one per interval:
 
 * the consumer waits (``wait > WAIT_HIGH``) and the workers are busy: more threads, toward the
   parallelism the measured per-batch work needs (``work per batch / consumer time per batch``), at
-  most doubling; the workers are not busy: one more batch of prefetch (the window is what
-  limits). Never past the byte budget's room (``budget // bytes per batch`` batches in the
+  most doubling; the workers are not busy, or busy at the thread ceiling: one more batch of
+  prefetch (the window is what limits, or batches finishing out of order need slack). Never past the byte budget's room (``budget // bytes per batch`` batches in the
   window) and never while producers already wait on a cap.
 * every increase is checked on the next interval: when the rate did not rise by ``GAIN`` or
   more, it is undone and that knob is not raised again for a cooldown that doubles on each
@@ -42,7 +43,8 @@ __all__ = ["Signals", "Tuner", "tune_max_threads"]
 
 WAIT_HIGH = 0.05  # the consumer waited this share of the time or more: the loader limits it
 WAIT_LOW = 0.01  # below this share the consumer is not held up
-GAIN = 0.05  # an increase must raise the delivered rate by this much to be kept
+GAIN = 0.02  # an increase must raise the delivered rate by this much to be kept (an extra
+# thread costs one batch of memory; a missing one costs throughput: in doubt, keep it)
 CALM = 3  # intervals without waiting before a step down
 BUSY = 0.6  # workers busy this share of their time: more of them would help
 COOLDOWN_S = 0.5  # the first cooldown after an undone change; doubles on each failure
@@ -58,7 +60,8 @@ def tune_max_threads(threads: int | None, default: int) -> int:
 class Signals:
     """Cumulative readings the tuner differentiates (seconds and counts since the engine started).
 
-    ``busy_s`` counts the worker threads' gather and transform time (not the consumer's).
+    ``busy_s`` counts gather and transform time: the worker threads', and the consumer's when
+    it gathers a batch itself instead of waiting (that work, too, is what more threads take on).
     """
 
     now: float
@@ -90,7 +93,7 @@ class Tuner:
     """
 
     def __init__(self, *, max_threads: int, max_window: int, threads: int = 1, prefetch: int = 0,
-                 min_batches: int = 8, min_seconds: float = 0.05) -> None:
+                 min_batches: int = 8, min_seconds: float = 0.1) -> None:
         self.max_threads = max(1, max_threads)
         self.max_window = max(1, max_window)
         self.threads = max(1, min(threads, self.max_threads, self.max_window))
@@ -214,7 +217,11 @@ class Tuner:
                 self._set("threads", target, now, up=True,
                           why=f"the consumer waited {self.wait:.1%}, workers {self.busy:.0%} busy")
                 return
-        if room > 0 and now >= self._cool_until["prefetch"] and self.busy < BUSY:
+        # idle workers: the window is what limits; busy ones at the thread ceiling: batches that
+        # finish out of order need slack. (Busy workers whose next thread did not pay saturate
+        # the machine: a deeper window would only hold more memory.)
+        if room > 0 and now >= self._cool_until["prefetch"] and (
+                self.busy < BUSY or self.threads >= self.max_threads):
             self._set("prefetch", self.prefetch + 1, now, up=True,
                       why=f"the consumer waited {self.wait:.1%}, workers {self.busy:.0%} busy")
             return

@@ -273,9 +273,9 @@ class _Engine:
             self.park_cv.notify_all()
             self.space_cv.notify_all()
 
-    def worker_busy_seconds(self) -> float:
-        """Gather and transform seconds of the worker threads (not the consumer's)."""
-        return sum(b[0] + b[1] for b in self.busy[:-1])
+    def busy_seconds(self) -> float:
+        """Gather and transform seconds of the workers and of the consumer's own gathers."""
+        return sum(b[0] + b[1] for b in self.busy)
 
     def _run(self, task: _Result, busy: list[float], *, inline: bool = False) -> None:
         """Gather and transform one reserved batch, then post it (or its error) in order.
@@ -786,7 +786,7 @@ class Loader:
     def _signals(self, engine: _Engine, now: float) -> Signals:
         c = self._counters
         return Signals(now=now, batches=c.delivered_batches, consumer_wait_s=c.consumer_wait_s,
-                       busy_s=engine.worker_busy_seconds(),
+                       busy_s=engine.busy_seconds(),
                        capped_s=self._budget.wait_seconds + c.ram_wait_s,
                        ram_wait_s=c.ram_wait_s)
 
