@@ -111,7 +111,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="alternating runs of the best fixed setting and the tuner")
     p.add_argument("--consumer-ms", type=float, default=4.0, help="the slow consumer's step")
     p.add_argument("--latency-ms", type=float, default=4.0, help="the remote source's round trip")
+    p.add_argument("--cells", nargs="*", default=None, metavar="CONSUMER/TRANSFORM/SOURCE",
+                   help="only these cells, e.g. fast/cheap/remote (default: the whole grid)")
     args = p.parse_args(argv)
+    if args.cells is not None and not args.cells:
+        p.error("--cells needs at least one cell")
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.hr"
@@ -134,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         for cname, consumer_s in consumers.items():
             for tname, transform in transforms.items():
                 for sname, source in sources.items():
+                    if args.cells is not None and f"{cname}/{tname}/{sname}" not in args.cells:
+                        continue
                     common = {"consumer_s": consumer_s, "transform": transform}
                     fixed = {(t, q): run(source, seconds=args.search_seconds, threads=t,
                                          prefetch=q, **common)

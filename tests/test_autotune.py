@@ -171,3 +171,50 @@ def test_the_timeline_records_the_tuned_setting_and_the_plot_draws_it(tmp_path) 
     assert max(x["threads"] for x in tl["samples"]) > 1  # the consumer waited: threads grew
     out = headrace.plot(tl, tmp_path / "tuned.png")
     assert out.stat().st_size > 0
+
+
+def _io(s: Signals, *, dt: float, rate: float, wait: float, threads: int, gather: float,
+        gather_cpu: float, blocked: float = 0.0) -> Signals:
+    """The next interval of a pipeline whose threads each spend ``gather`` s per batch gathering,
+    ``gather_cpu`` of it on a CPU (the rest waiting on I/O)."""
+    db = round(rate * dt)
+    return Signals(now=s.now + dt, batches=s.batches + db,
+                   consumer_wait_s=s.consumer_wait_s + wait * dt,
+                   busy_s=s.busy_s + min(gather * db, dt * threads), capped_s=s.capped_s,
+                   ram_wait_s=s.ram_wait_s, gather_s=s.gather_s + gather * db,
+                   gather_cpu_s=s.gather_cpu_s + gather_cpu * db,
+                   window_wait_s=s.window_wait_s + blocked * dt)
+
+
+def test_latency_bound_gathers_jump_to_the_threads_littles_law_needs() -> None:
+    t = Tuner(max_threads=8, max_window=64, cores=2)
+    s = Signals(now=0.0, batches=0, consumer_wait_s=0.0, busy_s=0.0, capped_s=0.0,
+                ram_wait_s=0.0)
+    t.start(s)
+    # 4 ms per gather, 0.1 ms of it on a CPU, a consumer that waits: one step to the ceiling
+    s = _io(s, dt=0.2, rate=240, wait=0.95, threads=1, gather=0.004, gather_cpu=0.0001)
+    assert t.step(s) and t.threads == 8 and "Little's law" in t.last_reason, t.last_reason
+    # the rate rose: kept; the dispatcher waits for window room: the window doubles from a
+    # quarter of the threads, never past as many batches of slack as threads
+    s = _io(s, dt=0.2, rate=1500, wait=0.9, threads=8, gather=0.004, gather_cpu=0.0001,
+            blocked=0.5)
+    assert t.step(s) and (t.threads, t.prefetch) == (8, 2), t.last_reason
+    for _ in range(4):
+        s = _io(s, dt=0.2, rate=1500 + 100 * t.prefetch, wait=0.9, threads=8, gather=0.004,
+                gather_cpu=0.0001, blocked=0.5)
+        t.step(s)
+    assert (t.threads, t.prefetch) == (8, 8), t.last_reason
+    # no window wait: the busy share of waiting threads is no reason for a deeper window
+    u = Tuner(max_threads=8, max_window=64, threads=8, cores=2)
+    u.start(s)
+    s = _io(s, dt=0.2, rate=1500, wait=0.9, threads=8, gather=0.004, gather_cpu=0.0001)
+    assert not u.step(s) and u.prefetch == 0 and "nothing left to raise" in u.last_reason
+
+
+def test_cpu_bound_gathers_still_grow_by_doubling() -> None:
+    t = Tuner(max_threads=8, max_window=64, cores=2)
+    s = Signals(now=0.0, batches=0, consumer_wait_s=0.0, busy_s=0.0, capped_s=0.0,
+                ram_wait_s=0.0)
+    t.start(s)
+    s = _io(s, dt=0.2, rate=240, wait=0.95, threads=1, gather=0.004, gather_cpu=0.0039)
+    assert t.step(s) and t.threads == 2, t.last_reason

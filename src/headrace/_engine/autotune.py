@@ -24,6 +24,12 @@ Decisions, one per interval:
   most doubling; the workers are not busy, or busy at the thread ceiling: one more batch of
   prefetch (the window is what limits, or batches finishing out of order need slack). Never past the byte budget's room (``budget // bytes per batch`` batches in the
   window) and never while producers already wait on a cap.
+* the consumer waits on latency-bound gathers (off the CPU ``IO_BOUND`` times their CPU time or
+  more): straight to the threads Little's law needs (``work per batch / interval``, the interval
+  the consumer's own time per batch or the on-CPU work over the cores), decided after
+  ``min_batches`` already; the window of such workers grows only while the dispatcher waits for
+  room in it (``BLOCKED``), doubling, to at most as much prefetch as threads. Such steps are
+  kept unless the rate fell (``FELL``), a jump when the rate reached ``HOLDS`` of its prediction;
 * every increase is checked on the next interval: when the rate did not rise by ``GAIN`` or
   more, it is undone and that knob is not raised again for a cooldown that doubles on each
   failure (hysteresis: no oscillating between two settings);
@@ -36,6 +42,7 @@ Decisions, one per interval:
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +55,17 @@ GAIN = 0.02  # an increase must raise the delivered rate by this much to be kept
 CALM = 3  # intervals without waiting before a step down
 BUSY = 0.6  # workers busy this share of their time: more of them would help
 COOLDOWN_S = 0.5  # the first cooldown after an undone change; doubles on each failure
+IO_BOUND = 2.0  # gathers waited off the CPU this many times their CPU time: latency-bound
+HOLDS = 0.75  # a Little's-law jump whose rate reaches this share of its prediction is kept
+BLOCKED = 0.25  # the dispatcher waited for window room this share of the time: the window limits
+FELL = 0.1  # a step taken on a direct signal is undone only when the rate fell this much
+
+
+def _cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on every platform
+        return max(1, os.cpu_count() or 1)
 
 
 def tune_max_threads(threads: int | None, default: int) -> int:
@@ -70,6 +88,9 @@ class Signals:
     busy_s: float
     capped_s: float
     ram_wait_s: float
+    gather_s: float = 0.0  # gather wall seconds (within busy_s)
+    gather_cpu_s: float = 0.0  # the part of gather_s its threads ran on a CPU
+    window_wait_s: float = 0.0  # the dispatcher's seconds waiting for room in the window
 
 
 @dataclass
@@ -78,6 +99,8 @@ class _Move:
     before: int
     rate_before: float
     up: bool
+    predicted: float = 0.0  # a Little's-law jump's predicted rate (0: a plain step)
+    signalled: bool = False  # taken on a direct signal (the window blocked the dispatcher)
 
 
 class Tuner:
@@ -93,7 +116,8 @@ class Tuner:
     """
 
     def __init__(self, *, max_threads: int, max_window: int, threads: int = 1, prefetch: int = 0,
-                 min_batches: int = 8, min_seconds: float = 0.1) -> None:
+                 min_batches: int = 8, min_seconds: float = 0.1, cores: int | None = None) -> None:
+        self.cores = max(1, cores if cores is not None else _cores())
         self.max_threads = max(1, max_threads)
         self.max_window = max(1, max_window)
         self.threads = max(1, min(threads, self.max_threads, self.max_window))
@@ -112,6 +136,7 @@ class Tuner:
         self.rate = 0.0
         self.wait = 0.0
         self.busy = 0.0
+        self.blocked = 0.0
 
     @property
     def window(self) -> int:
@@ -120,7 +145,21 @@ class Tuner:
     def start(self, signals: Signals) -> None:
         """Begin measuring from ``signals`` (after the first batch: start-up is not a wait)."""
         self._last = signals
-        self.next_at = signals.now + self.min_seconds
+        # a latency-bound start is recognised within a few batches (see _early)
+        self.next_at = signals.now + self.min_seconds / 4
+
+    def _early(self, last: Signals, signals: Signals, dt: float, db: int) -> bool:
+        """Decide before ``min_seconds`` when nothing is being judged and the interval already
+        shows the consumer waiting on latency-bound gathers: the gathers' wall and CPU times per
+        batch are steady after a few batches (unlike a rate), and the jump they call for is too
+        large for one interval's noise to hide."""
+        if self._move is not None or db < self.min_batches or dt <= 0 or \
+                self.threads >= self.max_threads:
+            return False
+        wait = (signals.consumer_wait_s - last.consumer_wait_s) / dt
+        cpu = signals.gather_cpu_s - last.gather_cpu_s
+        off = signals.gather_s - last.gather_s - cpu
+        return wait > WAIT_HIGH and off > 0 and off >= IO_BOUND * cpu
 
     def step(self, signals: Signals) -> bool:
         """One decision from the interval since the last one; True when a knob changed."""
@@ -130,7 +169,8 @@ class Tuner:
             return False
         dt = signals.now - last.now
         db = signals.batches - last.batches
-        if db < self.min_batches or dt < self.min_seconds:
+        if (db < self.min_batches or dt < self.min_seconds) and \
+                not self._early(last, signals, dt, db):
             self.next_at = signals.now + max(0.0, self.min_seconds - dt) / 2
             return False
         self._last = signals
@@ -139,18 +179,23 @@ class Tuner:
         self.wait = min(1.0, (signals.consumer_wait_s - last.consumer_wait_s) / dt)
         self.busy = min(1.0, (signals.busy_s - last.busy_s) / (dt * self.threads))
         capped = (signals.capped_s - last.capped_s) / dt
+        self.blocked = min(1.0, (signals.window_wait_s - last.window_wait_s) / dt)
         ram = signals.ram_wait_s - last.ram_wait_s
         # per batch: the workers' work, and the consumer's own time between batches
         work = (signals.busy_s - last.busy_s) / db
         own = max(dt - (signals.consumer_wait_s - last.consumer_wait_s), 0.0) / db
+        # per batch: the gathers' time off the CPU (waiting on I/O), the rest of the work
+        gather = (signals.gather_s - last.gather_s) / db
+        gather_cpu = (signals.gather_cpu_s - last.gather_cpu_s) / db
+        off = max(0.0, gather - gather_cpu)
         before = (self.threads, self.prefetch)
-        self._decide(signals.now, capped, ram > 0, work, own)
+        self._decide(signals.now, capped, ram > 0, work, own, off, gather_cpu)
         return (self.threads, self.prefetch) != before
 
     # -- the decision ----------------------------------------------------------------------------
 
     def _decide(self, now: float, capped: float, ram_blocked: bool, work: float,
-                own: float) -> None:
+                own: float, off: float = 0.0, gather_cpu: float = 0.0) -> None:
         move, self._move = self._move, None
         if move is not None and self._judge(move, now):
             return
@@ -160,7 +205,7 @@ class Tuner:
             return
         if self.wait > WAIT_HIGH:
             self._calm = 0
-            self._grow(now, capped, work, own)
+            self._grow(now, capped, work, own, off, gather_cpu)
             return
         if self.wait < WAIT_LOW:
             self._calm += 1
@@ -177,7 +222,11 @@ class Tuner:
         """Undo ``move`` when it did not pay; True when it was undone."""
         if move.up:
             gained = self.rate >= move.rate_before * (1 + GAIN)
-            if gained or self.wait < WAIT_LOW:
+            # a jump whose prediction holds is kept unless the rate actually fell
+            held = move.predicted > 0 and self.rate >= HOLDS * move.predicted and \
+                self.rate >= move.rate_before
+            held = held or (move.signalled and self.rate >= move.rate_before * (1 - FELL))
+            if gained or held or self.wait < WAIT_LOW:
                 return False
             why = (f"{move.knob} {getattr(self, move.knob)} -> {move.before}: the rate went "
                    f"{move.rate_before:.1f} -> {self.rate:.1f} batches/s (< +{GAIN:.0%})")
@@ -199,12 +248,15 @@ class Tuner:
         self.reverted += 1
         self.last_reason = "undone " + why
 
-    def _grow(self, now: float, capped: float, work: float, own: float) -> None:
+    def _grow(self, now: float, capped: float, work: float, own: float,
+              off: float = 0.0, gather_cpu: float = 0.0) -> None:
         if capped > self.wait / 2:
             self.last_reason = (f"at a cap: producers waited {capped:.1%} of the time on the "
                                 "byte budget or RAM cap")
             return
         room = self.max_window - self.window
+        if self._little(now, work, own, off, gather_cpu, room):
+            return
         if self.busy >= BUSY and self.threads < self.max_threads and \
                 now >= self._cool_until["threads"]:
             need = math.ceil(1.1 * work / own) if own > 0 else self.max_threads
@@ -220,14 +272,54 @@ class Tuner:
         # idle workers: the window is what limits; busy ones at the thread ceiling: batches that
         # finish out of order need slack. (Busy workers whose next thread did not pay saturate
         # the machine: a deeper window would only hold more memory.)
-        if room > 0 and now >= self._cool_until["prefetch"] and (
-                self.busy < BUSY or self.threads >= self.max_threads):
-            self._set("prefetch", self.prefetch + 1, now, up=True,
-                      why=f"the consumer waited {self.wait:.1%}, workers {self.busy:.0%} busy")
+        # Latency-bound workers are "busy" waiting, not computing: their window is what limits
+        # (a slow gather holds up the ones behind it), and it grows by doubling, a step large
+        # enough to show above the noise of one interval.
+        # A latency-bound window grows only on that direct evidence, up to as many batches of
+        # slack as threads: past it the busy share says nothing about the window.
+        waits_io = off > 0.0 and off >= IO_BOUND * gather_cpu
+        latent = waits_io and self.blocked >= BLOCKED and self.prefetch < self.threads
+        plain = not waits_io and (self.busy < BUSY or self.threads >= self.max_threads)
+        if room > 0 and now >= self._cool_until["prefetch"] and (latent or plain):
+            # at most as much slack as threads: each thread a batch in flight and one finished
+            step = min(room, max(1, self.prefetch, self.threads // 4),
+                       self.threads - self.prefetch) if latent else 1
+            self._set("prefetch", self.prefetch + step, now, up=True,
+                      why=(f"the consumer waited {self.wait:.1%}, workers {self.busy:.0%} busy"
+                           + (f", dispatch waited {self.blocked:.0%} for window room"
+                              if latent else "")))
+            if latent:
+                assert self._move is not None
+                self._move.signalled = True
             return
         self.last_reason = (f"the consumer waited {self.wait:.1%}; nothing left to raise "
                             f"(threads {self.threads}/{self.max_threads}, window "
                             f"{self.window}/{self.max_window}, or cooling down)")
+
+    def _little(self, now: float, work: float, own: float, off: float, gather_cpu: float,
+                room: int) -> bool:
+        """Latency-bound workers (gathers mostly wait off the CPU): jump straight to the threads
+        Little's law needs, ``ceil(work per batch / interval between batches)``, the interval
+        being the consumer's own time per batch or what the CPUs allow of the on-CPU work,
+        whichever is longer. Stepping there by doublings takes several noisy intervals."""
+        if off <= 0.0 or off < IO_BOUND * gather_cpu or self.threads >= self.max_threads or \
+                now < self._cool_until["threads"]:
+            return False
+        cpu = max(work - off, 0.0)  # on-CPU work per batch: gather and transform
+        interval = max(own, cpu / self.cores, 1e-9)
+        need = math.ceil(work / interval)
+        target = min(self.max_threads, need, self.threads + room + self.prefetch)
+        if target <= self.threads + 1:  # a step the ordinary rules take as well
+            return False
+        predicted = min(1 / interval, target / work) if work > 0 else 0.0
+        grow = target - self.threads
+        self.prefetch = max(0, self.prefetch - max(0, grow - room))
+        self._set("threads", target, now, up=True,
+                  why=(f"the consumer waited {self.wait:.1%}, gathers waited {off * 1e3:.1f} ms "
+                       f"off the CPU per batch: Little's law needs {need}"))
+        assert self._move is not None
+        self._move.predicted = predicted
+        return True
 
     def _shrink(self, now: float) -> None:
         if now < self._cool_until["down"]:

@@ -124,6 +124,7 @@ class _Engine:
         self.next_dispatch = 0
         self.next_deliver = 0
         self.reserved = 0  # bytes of dispatched batches not yet delivered (under lock)
+        self.window_wait_s = 0.0  # the dispatcher's seconds waiting for room in the window
         self.end_k: int | None = None
         self.closed = False
         self.ram_blocked_since: float | None = None
@@ -132,10 +133,10 @@ class _Engine:
         # consumer's inline dispatch): the next dispatcher starts from it, so no step is skipped.
         self._pending: Step | None = None
         self.pid = os.getpid()  # threads do not survive fork(): a child must build its own
-        # Seconds each worker spent in [gather, transform]; one slot per
+        # Seconds each worker spent in [gather, transform, gather on the CPU]; one slot per
         # worker, so each is written by one thread only and no lock is needed.
         # The last slot is the consumer's (batches it gathers inline, see take()).
-        self.busy = [[0.0, 0.0] for _ in range(count + 1)]
+        self.busy = [[0.0, 0.0, 0.0] for _ in range(count + 1)]
         self.threads = [threading.Thread(target=self._work, args=(i,),
                                          name=f"headrace-worker-{i}", daemon=True)
                         for i in range(count)]
@@ -193,7 +194,9 @@ class _Engine:
             while not self.closed and self.end_k is None and k - self.next_deliver >= self.window:
                 if not wait:
                     return None
+                w0 = time.monotonic()
                 self.space_cv.wait()
+                self.window_wait_s += time.monotonic() - w0
             if self.closed or self.end_k is not None:
                 return None
         step, self._pending = self._pending, None
@@ -277,6 +280,11 @@ class _Engine:
         """Gather and transform seconds of the workers and of the consumer's own gathers."""
         return sum(b[0] + b[1] for b in self.busy)
 
+    def gather_seconds(self) -> tuple[float, float]:
+        """Gather seconds: wall time, and the part the gathering threads ran on a CPU (the rest
+        waited: on I/O, a remote round trip, a lock)."""
+        return sum(b[0] for b in self.busy), sum(b[2] for b in self.busy)
+
     def _run(self, task: _Result, busy: list[float], *, inline: bool = False) -> None:
         """Gather and transform one reserved batch, then post it (or its error) in order.
 
@@ -286,10 +294,12 @@ class _Engine:
         the ``Loader`` included, for as long as the engine keeps the error.
         """
         t0 = time.monotonic()
+        c0 = time.thread_time()
         try:
             batch = self.source.gather(task.ids)
             t1 = time.monotonic()
             busy[0] += t1 - t0
+            busy[2] += time.thread_time() - c0
             if self.transform is not None:
                 task.where = "transform"
                 # the transform is user code that may keep or edit its ids (e.g. put them in the
@@ -785,8 +795,10 @@ class Loader:
 
     def _signals(self, engine: _Engine, now: float) -> Signals:
         c = self._counters
+        gather_s, gather_cpu_s = engine.gather_seconds()
         return Signals(now=now, batches=c.delivered_batches, consumer_wait_s=c.consumer_wait_s,
-                       busy_s=engine.busy_seconds(),
+                       busy_s=engine.busy_seconds(), gather_s=gather_s, gather_cpu_s=gather_cpu_s,
+                       window_wait_s=engine.window_wait_s,
                        capped_s=self._budget.wait_seconds + c.ram_wait_s,
                        ram_wait_s=c.ram_wait_s)
 
