@@ -161,7 +161,6 @@ def test_an_untuned_loader_reports_no_autotune_keys() -> None:
 
 
 def test_the_timeline_records_the_tuned_setting_and_the_plot_draws_it(tmp_path) -> None:
-    pytest.importorskip("matplotlib")
     with headrace.Loader({"x": X}, batch=16, transform=_sleepy, tune=True, timeline=0.01) as ld:
         _firsts(ld)
         s = ld.stats()

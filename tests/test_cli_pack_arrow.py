@@ -8,14 +8,13 @@ import subprocess
 import sys
 import tarfile
 
+import datasets
 import numpy as np
-import pytest
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
-
-import headrace  # noqa: E402
-from headrace._cli import main as _cli  # noqa: E402
+import headrace
+from headrace._cli import main as _cli
 
 
 def _cli_proc(*args: object) -> subprocess.CompletedProcess[str]:
@@ -39,7 +38,6 @@ def test_pack_arrow_packs_parquet_files_with_a_progress_bar(tmp_path):
 
 
 def test_pack_arrow_reads_a_saved_hf_dataset_and_reports_errors_in_one_line(tmp_path, capsys):
-    datasets = pytest.importorskip("datasets")
     ds = datasets.Dataset.from_dict({"v": [1, None, 3], "lab": [0, 1, 0]},
                                     features=datasets.Features({
                                         "v": datasets.Value("int64"),

@@ -16,16 +16,15 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import datasets
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
-datasets = pytest.importorskip("datasets")
-
-import headrace  # noqa: E402
-from headrace import ConfigError, SchemaError, StoreExistsError  # noqa: E402
-from headrace._pack.parallel import content_hash  # noqa: E402
+import headrace
+from headrace import ConfigError, SchemaError, StoreExistsError
+from headrace._pack.parallel import content_hash
 
 
 def _records(path: Any) -> dict[str, Any]:
@@ -258,7 +257,7 @@ def test_image_and_classlabel_dataset_reads_through_image_like_the_original_byte
 
 
 def test_audio_column_decodes_through_audio(tmp_path):
-    sf = pytest.importorskip("soundfile")
+    import soundfile as sf
     rng = np.random.default_rng(0)
     waves = [rng.uniform(-0.5, 0.5, 800).astype(np.float32) for _ in range(4)]
     blobs = []

@@ -205,7 +205,8 @@ def test_shards_on_s3_with_a_brace_pattern(shards, tmp_path):
 
 
 def test_audio_shards_decode_through_audio_and_each_kind_finds_its_field(tmp_path):
-    sf = pytest.importorskip("soundfile")
+    import soundfile as sf
+
     from headrace._sources.media import open_media
 
     rng = np.random.default_rng(5)

@@ -61,7 +61,7 @@ def test_targets_are_the_next_tokens_contiguous_int64(corpus):
 
 
 def test_torch_cross_entropy_takes_the_targets_as_they_come(corpus):
-    torch = pytest.importorskip("torch")
+    import torch
     with headrace.text(corpus["npy"], seq_len=16, batch=4, targets=True, tokens_dtype="int64",
                        to_torch=True) as ld:
         b = next(iter(ld))
