@@ -549,3 +549,66 @@ def test_torchrun_ranks_conform(data: Data, tmp_path: Any) -> None:
         sizes = [sum(1 for src, _ in universe if src == s) for s in {s for s, _ in universe}]
         total = sum(len(ids) for batches in per_rank for _, ids in batches)
         assert total <= sum(-(-n // step) * step for n in sizes), f"{name}: ranks overlap"
+
+
+# -- byte-aware batching -----------------------------------------------------------------------
+
+#: kinds whose records are all one size once read (token windows, decoded clips), loaderx's
+#: DataLoader (no byte batching in loaderx) and mixes (each source cuts its own batches): the
+#: byte keywords are a ConfigError there
+BYTES_REFUSED = ("text", "video", "mix", "mix-arrays", "DataLoader")
+
+
+def _engine(loader: Any) -> Any:
+    """The ``headrace.Loader`` doing a kind's batching (a wrapper's inner one)."""
+    for name in ("_inner", "_loader"):
+        inner = getattr(loader, name, None)
+        if isinstance(inner, headrace.Loader):
+            return inner
+        if inner is not None and not isinstance(loader, headrace.Loader):
+            return _engine(inner)
+    return loader
+
+
+def _read_ids(loader: Any) -> list[list[int]]:
+    out = []
+    for _ in loader:
+        out.append([int(i) for i in loader.last_ids])
+    return out
+
+
+@pytest.mark.parametrize("kind", ALL, ids=repr)
+def test_byte_aware_batching_cuts_by_record_bytes_or_is_refused(kind: Kind, data: Data) -> None:
+    """``batch_bytes`` (hard ceiling) and ``target_bytes`` (mx8's 85%/115% band) on every kind of
+    variable-size records, counted over each record's stored bytes: the same records in the same
+    order as without them, no batch past the ceiling or ``batch``, and an exact resume."""
+    from headrace._sources.base import record_sizes
+
+    if kind.name in BYTES_REFUSED:
+        with pytest.raises(headrace.ConfigError, match="batch_bytes"):
+            kind.make(data, batch_bytes=1 << 20)
+        return
+    with kind.make(data) as plain:
+        src = _engine(plain).source
+        sizes = record_sizes(src, np.arange(len(src)))
+        want = _read_ids(plain)
+    ceiling = int(sizes.max() + sizes.min())
+    kw = {"batch_bytes": ceiling, "target_bytes": ceiling // 2 + 1}
+    with kind.make(data, **kw) as ld:
+        ranks = _engine(ld).world_size
+        got = _read_ids(ld)
+    flat = [i for b in got for i in b]
+    if ranks == 1:
+        assert flat == [i for b in want for i in b]
+    else:  # this rank's share of the global byte-cut batches: whole records, none twice
+        assert len(set(flat)) == len(flat) and set(flat) <= set(range(len(sizes)))
+    assert all(1 <= len(b) <= BATCH and int(sizes[b].sum()) <= ceiling for b in got)
+    assert len(got) > len(want)  # the ceiling cut batches short of `batch`
+    with kind.make(data, **kw) as ld:
+        next(ld)
+        token = ld.checkpoint()
+        rest = _read_ids(ld)
+    with kind.make(data, resume=token, **kw) as again:
+        assert _read_ids(again) == rest
+    with pytest.raises(headrace.ConfigError, match="bytes > batch_bytes"):
+        kind.make(data, batch_bytes=int(sizes.max()) - 1)

@@ -103,8 +103,7 @@ def test_mx8_imageloader_constructor_maps_onto_image(store):
 
 @pytest.mark.parametrize(("kw", "match"), [
     ({"manifest_path": "/x.tsv"}, "dev manifest"),
-    ({"target_batch_bytes": 1000}, "do not apply to images"),
-    ({"max_batch_bytes": 1000}, "do not apply to images"),
+    ({"max_batch_bytes": 10}, "bytes > batch_bytes 10"),
     ({"bogus": 1}, "unknown image"),
 ])
 def test_mx8_imageloader_refuses_what_has_no_meaning(store, kw, match):

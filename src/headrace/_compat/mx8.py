@@ -348,13 +348,9 @@ def stats(loader: Any, *, raw: bool = False) -> str | dict[str, Any]:
 
 def image(data: Any, *, batch: int = 32, **kwargs: Any) -> Any:
     """mx8's ``image``: ``(images, labels)`` torch tensors, NCHW (headrace.image with
-    ``to_torch=True``; mx8's keywords are headrace.image's own)."""
+    ``to_torch=True``; mx8's keywords are headrace.image's own). ``batch_bytes``/
+    ``target_bytes`` cut batches by the encoded files' bytes, as mx8 does."""
     kwargs.setdefault("to_torch", True)
-    for name in ("batch_bytes", "target_bytes"):
-        if kwargs.pop(name, None) is not None:
-            raise ConfigError(f"image(): {name}= is not applied to decoded images here (every "
-                              "batch holds batch= images of one decoded size); drop it, or use "
-                              "mx8.load for byte-aware batches of the encoded files")
     threads = mx8_env.decode_threads()
     if threads is not None:
         kwargs.setdefault("threads", threads)

@@ -41,7 +41,8 @@ __all__ = [
 #: the keywords of ``audio()``, ``video()`` and ``image()`` that go to the inner ``Loader`` as
 #: they are (their meaning is the Loader's: docs/api.md)
 INNER_LOADER_KEYWORDS = ("threads", "inflight", "ram_gb", "queue", "prefetch", "profile",
-                         "constraints", "runtime", "rank", "world_size", "tail", "tune")
+                         "constraints", "runtime", "rank", "world_size", "tail", "tune",
+                         "batch_bytes", "target_bytes")
 
 #: where a user ``transform``'s result travels in a decoded batch (see :class:`ThenTransform`)
 YIELD_KEY = "__headrace_yield__"
@@ -56,6 +57,8 @@ class _Records(Protocol):
     def fingerprint(self) -> str: ...
 
     def payload_nbytes(self, ids: np.ndarray) -> int: ...
+
+    def record_nbytes(self, ids: np.ndarray) -> np.ndarray: ...
 
 
 class BorrowedRecords:
@@ -79,6 +82,10 @@ class BorrowedRecords:
 
     def nbytes(self, ids: np.ndarray) -> int:
         return self.records.payload_nbytes(ids) + 8 * len(ids)
+
+    def record_nbytes(self, ids: np.ndarray) -> np.ndarray:
+        """The records' encoded bytes, what ``batch_bytes``/``target_bytes`` count."""
+        return self.records.record_nbytes(ids)
 
     def close(self) -> None:
         pass

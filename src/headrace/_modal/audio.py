@@ -236,7 +236,8 @@ def audio(data: Any, *, batch: int = 32, samples: int = 16000, channels: int = 1
           profile: str | None = None, constraints: Any = None, runtime: Any = None,
           rank: int | None = None, world_size: int | None = None, tail: str | None = None,
           resume: bytes | None = None, timeline: bool | float = False,
-          transform: Any = None, recursive: bool = True, tune: bool = False) -> AudioLoader:
+          transform: Any = None, recursive: bool = True, tune: bool = False,
+          batch_bytes: int | None = None, target_bytes: int | None = None) -> AudioLoader:
     """Fixed-size float32 audio batches from a store or a raw folder of audio files.
 
     Example (mx8's spelling)::
@@ -271,6 +272,8 @@ def audio(data: Any, *, batch: int = 32, samples: int = 16000, channels: int = 1
             period in seconds) for ``stats_timeline()`` and ``headrace.plot``.
         transform: ``fn(batch, ids) -> batch``, run in the loader's threads on each batch as it
             would be yielded (``ids``: its record ids); the loader yields what it returns.
+        batch_bytes, target_bytes: byte-aware batches (as :class:`headrace.Loader`), counted
+            over the encoded files as mx8 does; ``batch`` stays the most files per batch.
     """
     loader_kw = {k: v for k, v in locals().items() if k in INNER_LOADER_KEYWORDS}
     return AudioLoader(data, batch=batch, samples=samples, channels=channels, rate_hz=rate_hz,

@@ -40,6 +40,7 @@ from headrace._engine.loader import BatchPlan, Loader, resolve_order
 from headrace._engine.timeline import timeline_period
 from headrace._modal.image_augment import ImageSpec, finish, plan_batch
 from headrace._modal.image_decode import decode, decode_window, image_size
+from headrace._order.byte_plan import BytePlan
 from headrace._sources.images import ImageRecords, open_image_records
 
 __all__ = ["ImageLoader", "image"]
@@ -191,16 +192,13 @@ class ImageLoader(LoaderWrapper):
         ``max_ram_bytes`` -> ``constraints.max_ram_bytes``, ...); any other :func:`image` keyword
         (``shuffle``, ``layout``, ``to_torch``, ``on_decode_error``, ...) may be passed too.
         ``node_id`` is accepted and ignored (no coordinator); ``autotune`` is ``tune``. ``manifest_path`` (mx8's hand-written dev manifest) and the byte-aware
-        batch knobs ``target_batch_bytes``/``max_batch_bytes`` are refused: image batches hold a
-        fixed number of images of one shape, and the memory cap is ``max_inflight_bytes``.
+        batch knobs ``target_batch_bytes``/``max_batch_bytes`` are ``target_bytes``/
+        ``batch_bytes`` (counted over the encoded files, as mx8 does); ``manifest_path`` (mx8's
+        hand-written dev manifest) is refused.
         """
         if manifest_path is not None:
             raise ConfigError("manifest_path= (an mx8 dev manifest) is not supported; point "
                               "ImageLoader at the data (a store, folder, mx8 pack or s3:// link)")
-        if target_batch_bytes is not None or max_batch_bytes is not None:
-            raise ConfigError("target_batch_bytes/max_batch_bytes do not apply to images: a batch "
-                              "holds batch_size_samples images of one output shape; cap memory "
-                              "with max_inflight_bytes")
         del node_id  # no coordinator
         constraints = kwargs.pop("constraints", None)
         if max_ram_bytes is not None:
@@ -219,6 +217,7 @@ class ImageLoader(LoaderWrapper):
             "jitter_saturation": color_jitter_saturation, "jitter_hue": color_jitter_hue,
             "mean": normalize_mean, "std": normalize_std, "seed": seed, "epoch": epoch,
             "float_out": to_float, "constraints": constraints, "tune": autotune,
+            "target_bytes": target_batch_bytes, "batch_bytes": max_batch_bytes,
         }
         both = sorted(set(kwargs) & set(mapped))
         if both:
@@ -473,6 +472,15 @@ class ImageLoader(LoaderWrapper):
         if self._inner is None:
             return 0
         ld = self._inner
+        if ld.batch_bytes is not None or ld.target_bytes is not None:
+            # byte-cut batches: each later epoch's count follows its own order of sizes
+            n = ld.length
+            return len(ld) + sum(BytePlan(
+                length=n, batch=ld.batch_size, rank=ld.rank, world_size=ld.world_size,
+                tail=ld.tail, start_position=e * n, end_position=(e + 1) * n,
+                sizes=ld._epoch_sizes, batch_bytes=ld.batch_bytes,
+                target_bytes=ld.target_bytes).count()
+                for e in range(self._epoch + 1, self._end_epoch))
         per_epoch = BatchPlan(length=ld.length, batch=ld.batch_size, rank=ld.rank,
                               world_size=ld.world_size, tail=ld.tail, start_position=0,
                               end_position=ld.length).count()
@@ -645,7 +653,8 @@ def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | Non
           inflight: int | None = None, ram_gb: float | None = None, queue: int | None = None,
           prefetch: int | None = None, profile: str | None = None, constraints: Any = None,
           runtime: Any = None, rank: int | None = None, world_size: int | None = None,
-          tail: str | None = None,
+          tail: str | None = None, batch_bytes: int | None = None,
+          target_bytes: int | None = None,
           resume: bytes | None = None, start: int | None = None, end: int | None = None,
           store: str | None = None, recursive: bool = True, autopack: bool = False,
           shard_mb: float = 512, tune: bool | None = None, timeline: bool | float = False,
@@ -702,6 +711,10 @@ def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | Non
         threads, inflight, ram_gb, queue, prefetch, profile, constraints, runtime, rank,
             world_size, tail, resume: as in :class:`headrace.Loader` (rank and world size from
             the launcher unless given; ``tail="pad"`` pads samples, as ``DistributedSampler``).
+        batch_bytes, target_bytes: byte-aware batches (as :class:`headrace.Loader`), counted
+            over the encoded files as mx8 does: ``batch_bytes`` is a hard ceiling per batch (a
+            larger file is a ``ConfigError``), ``target_bytes`` a soft target with mx8's
+            85%/115% band; ``batch`` stays the most images per batch.
         start, end: read only records ``[start, end)`` (set together; mx8's ``start``/``end``).
             Augmentations stay keyed by the record id, so a sub-range decodes its records
             exactly as the full range does.

@@ -621,7 +621,8 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
          world_size: int | None = None,
          resume: bytes | None = None, timeline: bool | float = False, transform: Any = None,
          dtype: Any = None, tokens_dtype: Any = "int32", targets: bool = False,
-         windows: str = "strided", tune: bool = False, **options: Any) -> TextLoader:
+         windows: str = "strided", tune: bool = False, batch_bytes: int | None = None,
+         target_bytes: int | None = None, **options: Any) -> TextLoader:
     """Token windows ``(batch, seq_len)`` for language-model training, deterministic and resumable.
 
     Example::
@@ -695,6 +696,9 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
         windows: ``"strided"`` (a window every ``stride`` tokens) or ``"random"``: nanoGPT's
             ``get_batch``, windows at random offsets drawn with replacement (``stride=1`` and
             ``order="iid"``; ``order="shuffle"`` draws them without replacement).
+        batch_bytes, target_bytes: with ``stream=True``, byte-aware batches of documents (as
+            :class:`headrace.Loader`, mx8's rule), counted over each document's UTF-8 bytes;
+            token windows are all ``seq_len`` tokens, so other text loaders refuse them.
         **options: S3 options for an ``s3://`` raw-text source. mx8's ``autopack`` and
             ``shard_mb`` are accepted and ignored (raw text is always packed).
 
@@ -733,6 +737,12 @@ def text(data: Any, *, batch: int = 32, tokenizer: Any = None, seq_len: int = 20
                  "inflight": inflight, "ram_gb": ram_gb, "queue": queue, "prefetch": prefetch,
                  "profile": profile, "constraints": constraints, "runtime": runtime,
                  "resume": resume, "close_source": False, "tune": tune}
+    if batch_bytes is not None or target_bytes is not None:
+        if not stream:
+            raise ConfigError("batch_bytes/target_bytes cut batches of variable-size records; "
+                              f"token windows are all seq_len={seq_len} tokens: use batch= "
+                              "alone, or stream=True for batches of whole documents by bytes")
+        loader_kw.update(batch_bytes=batch_bytes, target_bytes=target_bytes)
     if is_token_array(data):
         if stream:
             raise ConfigError("stream=True tokenizes raw text; a token array is already tokens: "

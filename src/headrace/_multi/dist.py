@@ -63,7 +63,8 @@ class DistributedDataLoader(InnerState, TimelineMixin):
         batch: records per batch on each rank (``batch_size_samples`` is mx8's name).
         order, seed, epoch, epochs: as ``headrace.Loader``. ``seed=None`` lets rank 0 draw a seed
             that every rank then uses.
-        tail: ``"pad"`` (default; ``"drop"`` with ``drop_last=True``) or ``"drop"``;
+        tail: ``"pad"`` (default; ``"drop"`` with ``drop_last=True`` or byte-aware batches,
+            ``batch_bytes``/``target_bytes``) or ``"drop"``;
             ``"partial"`` is allowed but ranks may then get
             different batch counts.
         rank, world_size, local_rank: override what the launcher says (torchrun, SLURM,
@@ -125,8 +126,10 @@ class DistributedDataLoader(InnerState, TimelineMixin):
         prefetch_batches = _one("prefetch", loader_kwargs.pop("prefetch", None),
                                 "prefetch_batches", prefetch_batches)
         max_ram_gb = _one("ram_gb", loader_kwargs.pop("ram_gb", None), "max_ram_gb", max_ram_gb)
-        if tail is None:
-            tail = "drop" if loader_kwargs.get("drop_last") else "pad"
+        if tail is None:  # byte-cut batches have no fixed share to pad to (Loader's rule)
+            by_bytes = any(loader_kwargs.get(k) is not None
+                           for k in ("batch_bytes", "target_bytes"))
+            tail = "drop" if loader_kwargs.get("drop_last") or by_bytes else "pad"
         tune = _one("tune", loader_kwargs.pop("tune", None), "autotune", autotune)
         self.launch: Launch = detect(rank=rank, world_size=world_size, local_rank=local_rank)
         from headrace._engine.loader import Loader

@@ -260,6 +260,11 @@ class ImageRecords:
         """Bytes ``payloads(ids)`` allocates (0 for views of an existing mapping)."""
         raise NotImplementedError
 
+    def record_nbytes(self, ids: np.ndarray) -> np.ndarray:
+        """Each record's encoded bytes (the file as stored), what byte-aware batching
+        (``batch_bytes``/``target_bytes``) counts, as mx8 counts a manifest's byte lengths."""
+        raise NotImplementedError
+
     def _check(self, ids: np.ndarray) -> np.ndarray:
         return check_record_ids(ids, len(self))
 
@@ -339,6 +344,10 @@ class ScannedFolder:
     def __len__(self) -> int:
         return len(self.scan.paths)
 
+    def record_nbytes(self, ids: np.ndarray) -> np.ndarray:
+        """Each file's size, what byte-aware batching counts."""
+        return self.scan.sizes[check_record_ids(ids, len(self))].astype(np.int64)
+
     @property
     def fingerprint(self) -> str:
         return self._fingerprint
@@ -374,10 +383,6 @@ class FolderImages(ScannedFolder, ImageRecords):
 
     def raw_nbytes(self, ids: np.ndarray) -> int:
         return int(self.scan.sizes[self._check(ids)].sum())
-
-    def record_nbytes(self, ids: np.ndarray) -> np.ndarray:
-        """Each image file's size, what byte-aware batching counts."""
-        return self.scan.sizes[self._check(ids)].astype(np.int64)
 
     payload_nbytes = raw_nbytes
 
@@ -669,6 +674,10 @@ class StoreImages(ImageRecords):
     def payload_nbytes(self, ids: np.ndarray) -> int:
         return 0 if self._raw else self.raw_nbytes(ids)
 
+    def record_nbytes(self, ids: np.ndarray) -> np.ndarray:
+        ids = self._check(ids)
+        return np.asarray(self.store.aux_entries(self._image)["nbytes"], np.int64)[ids]
+
     def close(self) -> None:
         if self._owned:
             self.store.close()
@@ -726,6 +735,9 @@ class RawImages(ImageRecords):
         return int(self.raw.nbytes(self._ids[self._check(ids)]))
 
     payload_nbytes = raw_nbytes
+
+    def record_nbytes(self, ids: np.ndarray) -> np.ndarray:
+        return np.asarray(self.raw.record_nbytes(self._ids[self._check(ids)]), np.int64)
 
     def close(self) -> None:
         self.raw.close()

@@ -165,6 +165,11 @@ class MediaFiles:
         """Bytes ``open`` copies into memory for these records (0 for files and mmap views)."""
         return 0
 
+    def record_nbytes(self, ids: np.ndarray) -> np.ndarray:
+        """Each record's encoded bytes (the file as stored), what byte-aware batching
+        (``batch_bytes``/``target_bytes``) counts, as mx8 counts a manifest's byte lengths."""
+        raise NotImplementedError
+
     def check(self, ids: Any) -> np.ndarray:
         return check_record_ids(ids, len(self))
 
@@ -253,6 +258,10 @@ class StoreMedia(MediaFiles):
     def payload_nbytes(self, ids: np.ndarray) -> int:
         return 0 if self._raw else int(self.store.nbytes(self.check(ids), [self.field]))
 
+    def record_nbytes(self, ids: np.ndarray) -> np.ndarray:
+        ids = self.check(ids)
+        return np.asarray(self.store.aux_entries(self.field)["nbytes"], np.int64)[ids]
+
     def close(self) -> None:
         if self._owned:
             self.store.close()
@@ -313,6 +322,9 @@ class Mx8PackMedia(MediaFiles):
 
     def labels(self, ids: np.ndarray) -> np.ndarray:
         return self.pack.labels(self.check(ids))
+
+    def record_nbytes(self, ids: np.ndarray) -> np.ndarray:
+        return self.pack.record_nbytes(ids)
 
     def close(self) -> None:
         self.pack.close()

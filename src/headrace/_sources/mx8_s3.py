@@ -177,6 +177,10 @@ class S3Mx8Pack(ImageRecords):
     def raw_nbytes(self, ids: np.ndarray) -> int:
         return self.payload_nbytes(ids)
 
+    def record_nbytes(self, ids: np.ndarray) -> np.ndarray:
+        """Each record's manifest ``byte_length``, what mx8's byte-aware batching counts."""
+        return self._len[self._check(ids)].copy()
+
     def payload_nbytes(self, ids: np.ndarray) -> int:
         ids = self._check(ids)
         fetched = sum(end - start for _li, start, end, _p in self._plan(ids))
