@@ -14,6 +14,7 @@ each holds a reference. The reference count of a probe kept the same way is the 
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 
@@ -48,7 +49,7 @@ class Recycler:
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """An array of ``shape`` and ``dtype`` (contents undefined): a free held one, else new."""
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if not _MIN_ARRAY_BYTES <= nbytes <= _MAX_ARRAY_BYTES:
             return np.empty(shape, dtype)
         free = self._free_count

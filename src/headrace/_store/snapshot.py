@@ -53,6 +53,7 @@ class Verified:
         nbytes = (n + 7) // 8
         self.bits: dict[str, np.ndarray] = {}
         self.count: dict[str, int] = {}
+        self.reads: dict[str, int] = {}  # records read while unverified ones remained (``read``)
         for name in names:
             bm = np.zeros(nbytes, np.uint8)
             count = 0
@@ -63,6 +64,13 @@ class Verified:
                 count = old.count[name] if k == len(prev) else int(np.unpackbits(bm).sum())
             self.bits[name] = bm
             self.count[name] = count
+
+    def read(self, name: str, count: int) -> bool:
+        """Counts ``count`` records of ``name`` read while some were unverified; True once as
+        many were read as the field holds (the reader then verifies in spans)."""
+        got = self.reads.get(name, 0) + count  # a race only delays the switch by one batch
+        self.reads[name] = got
+        return got >= self.n
 
     def todo(self, name: str, idx: np.ndarray) -> np.ndarray:
         """Positions in ``idx`` whose records are not verified yet."""
