@@ -70,3 +70,24 @@ def test_consecutive_ids_read_as_their_run(tmp_path, verify):
     assert np.array_equal(s.gather([5, 6, 6, 7])["x"], x[[5, 6, 6, 7]])  # not a run
     assert np.array_equal(s.gather([7, 6, 5, 4])["x"], x[[7, 6, 5, 4]])
     assert np.array_equal(s.gather([4, 6, 5, 7])["x"], x[[4, 6, 5, 7]])  # spans 3, not a run
+
+
+@pytest.mark.parametrize("block", [1, 3, 7, 1 << 15])
+def test_layout_scan_in_blocks_finds_the_same_runs(tmp_path, monkeypatch, block):
+    from headrace._store import snapshot
+
+    rng = np.random.default_rng(2)
+    x = rng.integers(0, 256, (50, 8), dtype=np.uint8)
+    with headrace.create(tmp_path / "s", fields={"x": {"dtype": "uint8", "shape": [8]}},
+                         chunk_mb=0.0001) as w:  # a chunk every few records: many runs
+        for a in range(0, 50, 10):
+            w.append({"x": x[a:a + 10]})
+            w.commit()
+    whole = snapshot.sequential_layout(headrace.open(tmp_path / "s")._st, "x")
+    monkeypatch.setattr(snapshot, "_SCAN_BLOCK", block)
+    s = headrace.open(tmp_path / "s")
+    got = snapshot.sequential_layout(s._st, "x")
+    assert whole is not None and got is not None and len(whole.starts) > 1
+    assert np.array_equal(got.starts, whole.starts) and np.array_equal(got.shifts, whole.shifts)
+    ids = rng.integers(0, 50, 64)
+    assert np.array_equal(s.gather(ids)["x"], x[ids])
