@@ -102,11 +102,105 @@ def test_tune_true_autotunes_and_reads_what_an_untuned_loader_reads(pack):
     assert mx8.load(str(pack), batch=8).stats()["autotune_enabled"] is False
 
 
-def test_an_mx8_token_says_how_to_continue(pack, tmp_path):
-    ref = real.load(str(pack), store=str(tmp_path / "ms"), batch=8, start=3, end=30)
+@pytest.mark.parametrize("kw", [dict(batch=8), dict(batch=7, start=3, end=30),
+                                dict(batch=64, target_bytes=9000), dict(batch=5, batch_bytes=9000)])
+@pytest.mark.parametrize("taken", [1, 3])
+def test_an_mx8_token_resumes_where_mx8_resumes(pack, tmp_path, kw, taken):
+    """A token the wheel wrote, given to headrace.mx8: the rest is what the wheel yields from the
+    same token, and headrace's own token from there resumes the same call again."""
+    store = str(tmp_path / "ms")
+    ref = real.load(str(pack), store=store, **kw)
+    for _ in range(taken):
+        next(ref)
+    token = ref.checkpoint()
+    want = [b.sample_ids for b in real.load(str(pack), store=store, resume=token, **kw)]
+    assert want and want[0][0] > 0
+    ld = mx8.load(str(pack), resume=token, **kw)
+    first = next(ld)
+    again = mx8.load(str(pack), resume=ld.checkpoint(), **kw)
+    assert [first.sample_ids, *[b.sample_ids for b in ld]] == want
+    assert [b.sample_ids for b in again] == want[1:]
+    long = mx8.DataLoader(str(pack), batch_size_samples=kw["batch"], resume_from=token,
+                          start_id=kw.get("start"), end_id=kw.get("end"),
+                          target_batch_bytes=kw.get("target_bytes"),
+                          max_batch_bytes=kw.get("batch_bytes"))
+    assert [b.sample_ids for b in long] == want
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory):
+    """An image pack (two classes) and an audio pack, made by the wheel."""
+    from tests._images import imagefolder
+    from tests._media import sine, write_audio
+
+    root = tmp_path_factory.mktemp("mx8tok")
+    imagefolder(root / "img", {"cat": 9, "dog": 8}, h=12, w=16)
+    real.pack_dir(str(root / "img"), out=str(root / "img_pk"))
+    for i in range(9):
+        write_audio(str(root / "aud" / f"{i}.wav"), sine(200 + 50 * i, 8000, 100 * (i + 1)),
+                    8000)
+    real.pack_dir(str(root / "aud"), out=str(root / "aud_pk"))
+    return root
+
+
+def _token(data, store, taken, **kw):
+    ref = real.load(str(data), store=store, **kw)
+    for _ in range(taken):
+        next(ref)
+    return ref.checkpoint()
+
+
+def test_an_mx8_token_resumes_image_and_audio_loaders(media, tmp_path):
+    store = str(tmp_path / "ms")
+    pk = media / "img_pk"
+    token = _token(pk, store, 2, batch=4)  # next_sample_id=8
+    want = [y.tolist() for _x, y in real.image(str(pk), batch=5, resize=(8, 8), store=store,
+                                                resume=token)]
+    assert [y.tolist() for _x, y in mx8.image(str(pk), batch=5, resize=(8, 8),
+                                              resume=token)] == want
+    long = mx8.ImageLoader(str(pk), batch_size_samples=5, resize_hw=(8, 8), resume_from=token)
+    assert [y.tolist() for _x, y in long] == want
+    assert sum(len(b) for b in want) == 17 - 8
+    # mx8's image tokens say epoch=0 whatever the augmentation epoch: any epoch resumes them
+    kw = dict(batch=5, resize=(8, 8), epoch=2, flip_p=0.5, resume=token)
+    want = [y.tolist() for _x, y in real.image(str(pk), store=store, **kw)]
+    assert [y.tolist() for _x, y in mx8.image(str(pk), **kw)] == want
+    apk = media / "aud_pk"
+    token = _token(apk, store, 1, batch=4, target_bytes=1500)
+    want = [b.sample_ids.tolist() for b in real.audio(str(apk), samples=64, batch=4, store=store,
+                                                       target_bytes=1500, resume=token)]
+    got = mx8.audio(str(apk), samples=64, batch=4, target_bytes=1500, resume=token)
+    assert [b.sample_ids.tolist() for b in got] == want and want[0][0] > 0
+
+
+def test_an_mx8_token_is_checked_as_mx8_checks_it(pack, tmp_path, monkeypatch):
+    store = str(tmp_path / "ms")
+    ref = real.load(str(pack), store=store, batch=8, start=3, end=30)
     next(ref)
-    with pytest.raises(CheckpointError, match=r"an mx8 'data_loader' checkpoint token.*"
-                                              r"continue with start=11, end=30 and no resume="):
-        mx8.load(str(pack), batch=8, start=3, end=30, resume=ref.checkpoint())
-    want = [b.sample_ids for b in ref]
-    assert [b.sample_ids for b in mx8.load(str(pack), batch=8, start=11, end=30)] == want
+    token = ref.checkpoint()
+    for bad, message in [
+            (token.replace(b"schema_version=0", b"schema_version=9"),
+             "resume_from schema_version mismatch: token=9 current=0"),
+            (token.replace(b"epoch=0", b"epoch=3"), "resume_from epoch mismatch: token=3"),
+            (token.replace(b"end_id=30", b"end_id=40"),
+             "resume_from end_id mismatch: token=40 current=30"),
+            (token.replace(b"next_sample_id=11", b"next_sample_id=31"),
+             r"invalid checkpoint token range \(next_sample_id > end_id\)")]:
+        with pytest.raises(ValueError, match=message):  # real mx8: ValueError, same words
+            list(real.load(str(pack), store=store, batch=8, start=3, end=30, resume=bad))
+        with pytest.raises(CheckpointError, match=message):
+            mx8.load(str(pack), batch=8, start=3, end=30, resume=bad)
+    with pytest.raises(CheckpointError, match="resume_from end_id mismatch: token=30 current=40"):
+        mx8.load(str(pack), batch=8, resume=token)
+    fake = token.replace(b"manifest_hash=", b"manifest_hash=0")
+    with pytest.raises(CheckpointError, match="resume_from manifest_hash mismatch"):
+        mx8.load(str(pack), batch=8, start=3, end=30, resume=fake)
+    assert mx8.resolve(str(pack)) == real.resolve(str(pack), store=store)
+    mix = (b"mx8_checkpoint_v1\nkind=mix_loader\nseed=0\nepoch=0\nsource_count=1\n")
+    with pytest.raises(CheckpointError, match=r"'mix_loader'.*restores mx8's schedule but not"):
+        mx8.load(str(pack), batch=8, resume=mix)
+    dist = b"mx8_checkpoint_v1\nkind=distributed_loader\nepoch=0\nrange_count=1\nC 0 8\n"
+    with pytest.raises(CheckpointError, match=r"'distributed_loader'.*no coordinator"):
+        mx8.load(str(pack), batch=8, resume=dist)
+    with pytest.raises(CheckpointError, match="resumes one source"):
+        mx8.mix([mx8.load(str(pack), batch=8)], weights=[1], resume=token)

@@ -116,8 +116,6 @@ def test_decode_threads_and_backend(tmp_path, clean_env):
     with mx8.image(str(tmp_path / "imgs"), batch=2) as ld:
         assert ld.stats()["threads"] == 3
         assert len(list(ld)) == 3
-    with pytest.raises(ConfigError, match=r"image\(\): batch_bytes= is not applied"):
-        mx8.image(str(tmp_path / "imgs"), batch=2, batch_bytes=10000)
     clean_env.setenv("MX8_DECODE_BACKEND", "bogus")
     with pytest.raises(ConfigError, match='invalid MX8_DECODE_BACKEND="bogus" '
                                           r"\(expected: python\|rust\)"):

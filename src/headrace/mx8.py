@@ -11,6 +11,7 @@ from headrace._compat.mx8 import (
     CoordinatorHandle,
     DataLoader,
     DistributedDataLoader,
+    ImageLoader,
     coordinator,
     image,
     load,
@@ -25,7 +26,6 @@ from headrace._compat.mx8_batch import AudioBatch, PyBatch, TextBatch, VideoBatc
 from headrace._compat.mx8_mix import MixedDataLoader, mix
 from headrace._compat.mx8_modal import AudioLoader, TextLoader, VideoDataLoader, audio, text, video
 from headrace._engine.config import Constraints, RuntimeConfig
-from headrace._modal.image import ImageLoader
 
 # mx8 1.0.7's __all__ (sorted)
 __all__ = [

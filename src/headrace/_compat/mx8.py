@@ -15,13 +15,16 @@ import os
 import sys
 from typing import Any
 
-from headrace._base.errors import CheckpointError, ConfigError
+from headrace._base.errors import ConfigError
 from headrace._compat import mx8_env
+from headrace._compat import mx8_token as mx8_tokens
 from headrace._compat.mx8_batch import PyBatch
 from headrace._engine.config import Constraints, RuntimeConfig
 from headrace._engine.launcher import detect
+from headrace._modal.image import ImageLoader as _ImageLoader
 
-__all__ = ["CoordinatorHandle", "DataLoader", "DistributedDataLoader", "coordinator", "image",
+__all__ = ["CoordinatorHandle", "DataLoader", "DistributedDataLoader", "ImageLoader",
+           "coordinator", "image",
            "load", "pack", "pack_dir", "resolve", "resolve_manifest_hash", "run", "stats"]
 
 _LAUNCH_HINT = ("headrace has no coordinator: start one process per rank with a launcher, e.g. "
@@ -61,35 +64,28 @@ def _common(store: Any, manifest: Any, recursive: bool, batch: int, inflight: in
                           "point at the folder itself")
     if isinstance(batch, int) and not isinstance(batch, bool) and batch == 0:
         batch = 1  # mx8: batch=0 means 1
-    _refuse_mx8_token(resume)
+    mx8_token = mx8_tokens.parse(resume)  # resumed once the loader is built (resume_at)
     kw: dict[str, Any] = dict(batch=batch, inflight=inflight, queue=queue, prefetch=prefetch,
-                              start=start, end=end, resume=resume, ram_gb=ram_gb,
+                              start=start, end=end,
+                              resume=None if mx8_token is not None else resume, ram_gb=ram_gb,
                               profile=profile, constraints=constraints, runtime=runtime)
     store = store if store is not None else os.environ.get("MX8_MANIFEST_STORE_ROOT")
     if store is not None:
         kw["store"] = store
     kw["recursive"] = recursive
+    kw["mx8_token"] = mx8_token
     return kw
 
 
-def _refuse_mx8_token(resume: Any) -> None:
-    """An mx8 ``mx8_checkpoint_v1`` token is not headrace's: say where it was, so the run can go
-    on from there (a local token is a sample position, which ``start``/``end`` express)."""
-    if not isinstance(resume, bytes | bytearray) or not resume.startswith(b"mx8_checkpoint_v1"):
-        return
-    fields = dict(line.split("=", 1) for line in bytes(resume).decode("utf-8", "replace")
-                  .splitlines()[1:] if "=" in line)
-    kind = fields.get("kind", "?")
-    if kind == "data_loader" and "next_sample_id" in fields and "end_id" in fields:
-        how = (f"it stopped before sample {fields['next_sample_id']} of [.., {fields['end_id']}): "
-               f"continue with start={fields['next_sample_id']}, end={fields['end_id']} and no "
-               "resume=")
-    else:
-        how = ("its position lives in mx8's coordinator or mix state; start again, or from the "
-               "sample range you know was read (start=, end=)")
-    raise CheckpointError(f"resume= is an mx8 {kind!r} checkpoint token (mx8_checkpoint_v1), "
-                          f"which headrace does not read; {how}. headrace's own tokens "
-                          "(loader.checkpoint()) resume exactly")
+def _resume_mx8(loader: Any, token: dict[str, str] | None, *, epoch: int | None = 0) -> Any:
+    """``loader`` moved to where an mx8 ``data_loader`` token stopped (closed if refused)."""
+    if token is not None:
+        try:
+            mx8_tokens.resume_at(loader, token, epoch=epoch)
+        except BaseException:
+            loader.close()
+            raise
+    return loader
 
 
 def _drop_unused_store(data: Any, kw: dict[str, Any]) -> None:
@@ -188,12 +184,14 @@ class DataLoader(_Wrapped):
             kw["constraints"] = Constraints(max_ram_bytes=max_ram_bytes)
         kw.update(_extra or {})
         kw["tune"] = tune
+        token = kw.pop("mx8_token")
         _drop_unused_store(dataset_link, kw)
         label_mode = mx8_env.s3_label_mode(dataset_link)
         if label_mode is not None:
             kw["label_mode"] = label_mode
         self._inner = headrace.load(dataset_link, batch_bytes=max_batch_bytes,
                                     target_bytes=target_batch_bytes, **kw)
+        _resume_mx8(self._inner, token)
 
     def _convert(self, batch: Any) -> PyBatch:
         return PyBatch.from_batch(batch, self._inner.last_ids)
@@ -365,7 +363,23 @@ def image(data: Any, *, batch: int = 32, **kwargs: Any) -> Any:
                           "files or point at the folder itself")
     import headrace
 
-    return headrace.image(data, batch=batch, **extra, **kwargs)
+    token = mx8_tokens.parse(kwargs.get("resume"))
+    if token is not None:
+        del kwargs["resume"]
+    # mx8's image tokens leave the augmentation epoch out (always 0): not checked
+    return _resume_mx8(headrace.image(data, batch=batch, **extra, **kwargs), token, epoch=None)
+
+
+class ImageLoader(_ImageLoader):
+    """headrace's ``ImageLoader`` (mx8's long-name constructor), also resuming an mx8
+    ``data_loader`` token given as ``resume_from``."""
+
+    def __init__(self, dataset_link: Any, *, resume_from: Any = None, epoch: int = 0,
+                 **kwargs: Any) -> None:
+        token = mx8_tokens.parse(resume_from)
+        super().__init__(dataset_link, resume_from=None if token is not None else resume_from,
+                         epoch=epoch, **kwargs)
+        _resume_mx8(self, token, epoch=None)
 
 
 def pack_dir(in_dir: Any, *, out: Any, shard_mb: int = 512, label_mode: str | None = None,
@@ -424,7 +438,13 @@ def resolve_manifest_hash(data: Any, *, store: Any = None, manifest: Any = None,
     if manifest is not None:
         raise ConfigError("mx8 dev manifests (manifest=) are not read by headrace")
     import headrace
+    from headrace._sources.images import is_mx8_pack
 
+    if isinstance(data, str | os.PathLike) and is_mx8_pack(os.fspath(data)):
+        # mx8 indexes a pack from its manifest: the hash is that file's (what its tokens and
+        # DataLoader.manifest_hash carry)
+        with open(os.path.join(os.fspath(data), "_mx8", "manifest.tsv"), "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
     return str(headrace.resolve_manifest_hash(data, store=store, recursive=recursive))
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from headrace._base.errors import ConfigError
+from headrace._base.errors import CheckpointError, ConfigError
+from headrace._compat import mx8_token as mx8_tokens
 from headrace._compat.mx8 import _tune, _Wrapped
 
 __all__ = ["MixedDataLoader", "mix"]
@@ -79,6 +80,10 @@ def mix(sources: Sequence[Any], *, weights: Sequence[float], seed: int = 0, epoc
     import headrace
 
     del job, coord, profile
+    if mx8_tokens.parse(resume) is not None:  # other mx8 kinds raise there, saying why
+        raise CheckpointError("unsupported checkpoint kind data_loader: an mx8 data_loader "
+                              "token resumes one source (mx8.load(..., resume=token)), not "
+                              "the mix")
     sources = list(sources)
     inner: list[Any] = []
     convert: list[Callable[[Any], Any]] = []

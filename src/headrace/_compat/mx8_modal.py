@@ -14,12 +14,14 @@ import math
 import os
 from typing import Any
 
-from headrace._base.errors import ConfigError
+from headrace._base.errors import CheckpointError, ConfigError
+from headrace._compat import mx8_token as mx8_tokens
 from headrace._compat.mx8 import (
     _common,
     _distributed,
     _drop_unused_store,
     _mx8_stats,
+    _resume_mx8,
     _tune,
     _Wrapped,
 )
@@ -141,7 +143,7 @@ def text(data: Any, *, store: Any = None, manifest: Any = None, recursive: bool 
         raise ConfigError(f"{flag}=True but tokenizer has no known {special} token id; pass "
                           f"{flag}=False, or a tokenizer with one of mx8's {special} tokens "
                           "(headrace.text takes bos_id=/eos_id= too)") from None
-    return TextLoader(inner, bool(return_mask))
+    return TextLoader(_resume_mx8(inner, kw["mx8_token"]), bool(return_mask))
 
 
 class AudioLoader(_Wrapped):
@@ -207,7 +209,7 @@ def audio(data: Any, *, store: Any = None, manifest: Any = None, recursive: bool
                   **order, epochs=1, drop_last=False, as_dict=True,
                   to_torch=False, labels=None, loader_kw=loader_kw, resume=kw["resume"],
                   recursive=recursive)
-    return AudioLoader(inner, rate_hz)
+    return AudioLoader(_resume_mx8(inner, kw["mx8_token"]), rate_hz)
 
 
 class VideoDataLoader(_Wrapped):
@@ -244,6 +246,9 @@ def video(data: Any, *, store: Any = None, manifest: Any = None, recursive: bool
         raise ConfigError("mx8 dev manifests (manifest=/MX8_DEV_MANIFEST_PATH) are not read by "
                           "headrace: point at the folder of videos itself")
     del store  # a folder of videos is read directly; no manifest snapshot is taken
+    if mx8_tokens.parse(resume) is not None:
+        raise CheckpointError("unsupported checkpoint kind data_loader: an mx8 data_loader "
+                              "token resumes load/image/text/audio, not a video loader")
     if isinstance(fps, int | float) and not isinstance(fps, bool) and (
             not math.isfinite(fps) or fps <= 0):
         raise ConfigError(f"video fps must be > 0, got {fps!r}")
