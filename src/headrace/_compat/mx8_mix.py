@@ -18,36 +18,18 @@ from headrace._compat.mx8 import _tune, _Wrapped
 __all__ = ["MixedDataLoader", "mix"]
 
 
-class MixedDataLoader:
+class MixedDataLoader(_Wrapped):
     """Batches of several ``headrace.mx8`` loaders in mx8's deterministic schedule; built by
     :func:`mix`. ``stats()`` carries mx8's ``mix_*`` keys; ``checkpoint()`` restores the schedule
     *and* every source's position (mx8 restores the schedule only)."""
 
     def __init__(self, inner: Any, convert: list[Callable[[Any], Any]]) -> None:
         self._inner = inner
-        self._convert = convert
+        self._converters = convert
 
-    def __iter__(self) -> MixedDataLoader:
-        return self
-
-    def __next__(self) -> Any:
-        return self._convert_last(next(self._inner))
-
-    def _convert_last(self, batch: Any) -> Any:
+    def _convert(self, batch: Any) -> Any:
         """``batch`` as the source that delivered it (the last one) yields it."""
-        return self._convert[self._inner.last_source](batch)
-
-    def checkpoint(self) -> bytes:
-        return bytes(self._inner.checkpoint())
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(self._inner.state_dict())
-
-    def load_state_dict(self, state: Any) -> None:
-        self._inner.load_state_dict(state)
-
-    def set_epoch(self, epoch: int) -> None:
-        self._inner.set_epoch(epoch)
+        return self._converters[self._inner.last_source](batch)
 
     def stats(self) -> dict[str, Any]:
         s = dict(self._inner.stats())
@@ -56,15 +38,6 @@ class MixedDataLoader:
 
     def print_stats(self) -> None:
         self._inner.print_stats()
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def __enter__(self) -> MixedDataLoader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def mix(sources: Sequence[Any], *, weights: Sequence[float], seed: int = 0, epoch: int = 0,
@@ -88,11 +61,8 @@ def mix(sources: Sequence[Any], *, weights: Sequence[float], seed: int = 0, epoc
     inner: list[Any] = []
     convert: list[Callable[[Any], Any]] = []
     for i, s in enumerate(sources):
-        if isinstance(s, MixedDataLoader):
-            inner.append(s._inner)
-            # the inner mix's batch is its source's; that source converts it
-            convert.append(s._convert_last)
-        elif isinstance(s, _Wrapped):
+        # an inner mix's batch is its source's, which that mix's _convert asks
+        if isinstance(s, _Wrapped):
             inner.append(s._inner)
             convert.append(s._convert)
         else:
