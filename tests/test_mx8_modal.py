@@ -328,3 +328,38 @@ def test_pack_local_folder_has_mx8_keys(tmp_path):
     assert d["manifest_hash"] == mx8.resolve(str(tmp_path / "pd"))
     assert [b.label_ids for b in mx8.load(str(tmp_path / "st"), batch=6)] == [
         [0, 0, 0, 1, 1, 1]]
+
+
+def test_video_index_fps_policy_is_mx8s_string(tmp_path):
+    """mx8 takes ``fps_policy`` as a string (an int is its TypeError), ``"fixed_fps:8"`` by
+    default. On 24 fps videos indexed at ``fixed_fps:24`` the wheel's clip count (from the
+    manifest's ``frames=`` hints; it needs no ffmpeg to index) is headrace's; the default policy
+    is ``fixed_fps:8`` in both (mx8: the same clip ids as passing it)."""
+    vids = tmp_path / "v"
+    for i in range(2):
+        write_video(str(vids / f"v{i}.mp4"), 24, fps=24, size=(16, 16), gop=6)
+    man = tmp_path / "man"
+    (man / "_mx8").mkdir(parents=True)
+    (man / "_mx8" / "manifest.tsv").write_text("schema_version=0\n" + "".join(
+        f"{i}\t{vids}/v{i}.mp4\t\t\tmx8:video;frames=24;stream_id=0\n" for i in range(2)))
+    ms = str(tmp_path / "ms")
+
+    def ref(**kw):
+        return real._internal.video_index_build(str(man), manifest_store=ms, clip_len=16,
+                                                 stride=8, **kw)
+
+    assert ref()["clip_ids_head"] == ref(fps_policy="fixed_fps:8")["clip_ids_head"]
+    with pytest.raises(TypeError):
+        ref(fps_policy=8)
+    with pytest.raises(RuntimeError, match="fps_policy must be non-empty"):
+        ref(fps_policy="")
+    got = mx8._internal.video_index_build(str(vids), clip_len=16, stride=8,
+                                          fps_policy="fixed_fps:24")
+    assert got["clip_count"] == ref(fps_policy="fixed_fps:24")["clip_count"] == 4
+    assert mx8._internal.video_index_build(str(vids), clip_len=4, stride=4)["clip_count"] == (
+        mx8._internal.video_index_build(str(vids), clip_len=4, stride=4,
+                                        fps_policy="8")["clip_count"])
+    with pytest.raises(ConfigError, match="fps_policy must be non-empty"):
+        mx8._internal.video_index_build(str(vids), fps_policy=" ")
+    with pytest.raises(ConfigError, match=r"fps_policy='fixed_fps:abc' names no frame rate"):
+        mx8._internal.video_index_build(str(vids), fps_policy="fixed_fps:abc")
