@@ -125,6 +125,9 @@ class _Engine:
         self.next_deliver = 0
         self.reserved = 0  # bytes of dispatched batches not yet delivered (under lock)
         self.window_wait_s = 0.0  # the dispatcher's seconds waiting for room in the window
+        # Workers waiting for room in the window (under lock): the consumer's notify wakes one,
+        # so the consumer gathers inline only when none is (it would take a woken one's batch).
+        self.idle_workers = 0
         self.end_k: int | None = None
         self.closed = False
         self.ram_blocked_since: float | None = None
@@ -137,6 +140,7 @@ class _Engine:
         # worker, so each is written by one thread only and no lock is needed.
         # The last slot is the consumer's (batches it gathers inline, see take()).
         self.busy = [[0.0, 0.0, 0.0] for _ in range(count + 1)]
+        self.cpu_clock = tuner is not None  # gather CPU seconds (busy[i][2]) are the tuner's
         self.threads = [threading.Thread(target=self._work, args=(i,),
                                          name=f"headrace-worker-{i}", daemon=True)
                         for i in range(count)]
@@ -178,9 +182,29 @@ class _Engine:
             self.counters.ram_wait_s += time.monotonic() - start
 
     def _next_task(self) -> _Result | None:
-        """Reserve the next batch (window, RAM, budget, in batch order); None = stop working."""
+        """Reserve the next batch (window, RAM, budget, in batch order); None = stop working.
+
+        A worker waits for room in the window before it takes ``dispatch_lock``: the others then
+        wait on the same condition, and the consumer's one ``notify`` per delivered batch wakes
+        one worker, instead of waking the lock holder, whose release then wakes the next worker
+        only for it to wait on the window again.
+        """
+        with self.lock:
+            self._wait_window()
         with self.dispatch_lock:
             return self._dispatch(wait=True)
+
+    def _wait_window(self) -> None:
+        """Wait (locked) until the window has room for the next batch, or the engine stops."""
+        while (not self.closed and self.end_k is None
+               and self.next_dispatch - self.next_deliver >= self.window):
+            w0 = time.monotonic()
+            self.idle_workers += 1
+            try:
+                self.space_cv.wait()
+            finally:
+                self.idle_workers -= 1
+            self.window_wait_s += time.monotonic() - w0
 
     def _dispatch(self, *, wait: bool) -> _Result | None:
         """Take the next step and reserve its bytes; called under ``dispatch_lock``.
@@ -191,12 +215,10 @@ class _Engine:
         """
         with self.lock:
             k = self.next_dispatch
-            while not self.closed and self.end_k is None and k - self.next_deliver >= self.window:
-                if not wait:
-                    return None
-                w0 = time.monotonic()
-                self.space_cv.wait()
-                self.window_wait_s += time.monotonic() - w0
+            if wait:
+                self._wait_window()
+            elif k - self.next_deliver >= self.window:
+                return None
             if self.closed or self.end_k is not None:
                 return None
         step, self._pending = self._pending, None
@@ -294,12 +316,14 @@ class _Engine:
         the ``Loader`` included, for as long as the engine keeps the error.
         """
         t0 = time.monotonic()
-        c0 = time.thread_time()
+        cpu = self.cpu_clock  # a system call per read: only the tuner uses it
+        c0 = time.thread_time() if cpu else 0.0
         try:
             batch = self.source.gather(task.ids)
             t1 = time.monotonic()
             busy[0] += t1 - t0
-            busy[2] += time.thread_time() - c0
+            if cpu:
+                busy[2] += time.thread_time() - c0
             if self.transform is not None:
                 task.where = "transform"
                 # the transform is user code that may keep or edit its ids (e.g. put them in the
@@ -339,7 +363,8 @@ class _Engine:
         """The consumer, about to wait, gathers the next undispatched batch itself.
 
         Only when that needs no wait (no worker is dispatching, and window, RAM and budget have
-        room now). A consumer that would otherwise sleep does the work a worker would do, so a
+        room now) and every worker is busy (one waiting for room would take the batch: the
+        consumer then waits instead of gathering a later batch while its own is posted). A consumer that would otherwise sleep does the work a worker would do, so a
         producer-bound loop pays no thread hand-off for that batch; order, caps and checkpoints
         are unchanged (the batch is reserved and posted exactly as a worker's).
         """
@@ -395,7 +420,7 @@ class _Engine:
                 elif self.closed or (self.end_k is not None and k >= self.end_k):
                     return None
                 elif (not tried_inline and self.ram_blocked_since is None
-                      and self.next_dispatch - k < self.window):
+                      and not self.idle_workers and self.next_dispatch - k < self.window):
                     inline = True
                 else:
                     tried_inline = False

@@ -32,6 +32,21 @@ def store_fingerprint(store: Any, *, length: int | None = None) -> str:
     """
     meta = store.meta
     n = meta.length if length is None else min(int(length), meta.length)
+    # Memoized per store and commit: every loader built over an open store asks again (a
+    # training script's per-epoch loader), and the hash reads all the aux files.
+    key = (meta.commit, meta.generation, n)
+    memo = getattr(store, "_fingerprint_memo", None)
+    if memo is not None and memo[0] is meta and memo[1] == key:
+        return str(memo[2])
+    fp = _fingerprint(store, meta, n)
+    try:
+        store._fingerprint_memo = (meta, key, fp)
+    except AttributeError:  # an object with __slots__: nothing kept
+        pass
+    return fp
+
+
+def _fingerprint(store: Any, meta: Any, n: int) -> str:
     schema = {
         "fields": [[f.spec.name, np.dtype(f.spec.dtype).str,
                     None if f.spec.shape is None else list(f.spec.shape), f.spec.codec]

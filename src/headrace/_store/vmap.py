@@ -34,8 +34,12 @@ def _mmap_fn() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     global _libc
     if _libc is None:
         try:
-            _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        except OSError:
+            # the process's own symbols hold libc's mmap: no ``find_library``, which runs
+            # ``ldconfig -p`` in a subprocess (milliseconds at every process's first open)
+            _libc = ctypes.CDLL(None, use_errno=True)
+            if getattr(_libc, "mmap", None) is None:
+                _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        except (OSError, AttributeError):
             return None
     fn = getattr(_libc, "mmap", None)
     if fn is not None:
