@@ -165,3 +165,42 @@ def test_s3_label_mode_and_pack_fetches(tmp_path, clean_env):
         mx8.pack(f"s3://{bucket}/p/", out=str(tmp_path / "st"))
     clean_env.setenv("MX8_PACK_PARALLEL_FETCHES", "2")
     assert mx8.pack(f"s3://{bucket}/p/", out=str(tmp_path / "st"))["samples"] == 4
+
+
+def test_force_path_style_0_sends_virtual_hosted_requests(tmp_path, clean_env):
+    """``MX8_S3_FORCE_PATH_STYLE=0``: requests go to ``<bucket>.<endpoint host>/<key>``. The
+    loopback moto server is reached through the standard ``http_proxy`` variable (the proxy, not
+    DNS, resolves ``<bucket>.localhost``); moto takes the bucket from the Host header, so a read
+    that works was addressed virtual-hosted, and the same host with path-style addressing (the
+    bucket a path segment of another host's name) does not reach the bucket."""
+    server = shared_server()
+    bucket = new_bucket(server, stem="vh")
+    keys = {"access_key_id": "testing", "secret_access_key": "testing"}
+    ObjectStore(bucket, options=S3Options(endpoint=server.endpoint, **keys)).put(
+        "p/a.bin", b"virtual")
+    for var in ("http_proxy", "HTTP_PROXY"):
+        clean_env.setenv(var, server.endpoint)
+    for var in ("no_proxy", "NO_PROXY", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+                "HEADRACE_S3_ENDPOINT", "AWS_PROFILE", "HEADRACE_MANIFEST_STORE"):
+        clean_env.delenv(var, raising=False)
+    local = f"http://localhost:{server.port}"
+    clean_env.setenv("MX8_S3_FORCE_PATH_STYLE", "0")
+    vh = ObjectStore(bucket, options=S3Options(endpoint=local, **keys))
+    assert vh.endpoint == f"http://{bucket}.localhost:{server.port}"
+    assert vh.get("p/a.bin")[0] == b"virtual" and [i.key for i in vh.list("p/")] == ["p/a.bin"]
+    # path_style= wins over the variable; so does MX8_S3_FORCE_PATH_STYLE=1 (the default)
+    assert ObjectStore(bucket, options=S3Options(endpoint=local, path_style=True,
+                                                 **keys)).get("p/a.bin")[0] == b"virtual"
+    wrong = ObjectStore(bucket, options=S3Options(endpoint=f"http://other.localhost:"
+                                                           f"{server.port}", path_style=True, allow_http=True,
+                                                  max_attempts=1, **keys))
+    with pytest.raises(headrace.RemoteError):
+        wrong.get("p/a.bin")
+    for var, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                       ("AWS_DEFAULT_REGION", "us-east-1"), ("MX8_S3_ENDPOINT_URL", local),
+                       ("MX8_MANIFEST_STORE_ROOT", str(tmp_path / "ms"))):
+        clean_env.setenv(var, value)
+    assert next(mx8.load(f"s3://{bucket}/p/", batch=4)).payload == b"virtual"
+    clean_env.setenv("MX8_S3_FORCE_PATH_STYLE", "maybe")
+    with pytest.raises(ConfigError, match="invalid MX8_S3_FORCE_PATH_STYLE='maybe'"):
+        ObjectStore(bucket, options=S3Options(endpoint=local, **keys))

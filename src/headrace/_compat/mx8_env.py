@@ -27,9 +27,8 @@ VARIABLES: dict[str, tuple[bool, str]] = {
     "MX8_MAX_PROCESS_RSS_BYTES": (True, "RSS cap (after ram_gb= / Constraints; "
                                         "HEADRACE_MAX_PROCESS_RSS_BYTES first)"),
     "MX8_S3_ENDPOINT_URL": (True, "S3 endpoint (after endpoint= and HEADRACE_S3_ENDPOINT)"),
-    "MX8_S3_FORCE_PATH_STYLE": (False, "headrace's S3 client (obstore) addresses buckets "
-                                       "path-style, what =1 asks for; virtual-hosted is not "
-                                       "offered"),
+    "MX8_S3_FORCE_PATH_STYLE": (True, "0/false: virtual-hosted requests (bucket.host/key), "
+                                      "1/true or unset: path-style (after path_style=)"),
     "MX8_S3_LABEL_MODE": (True, "label_mode of raw s3:// prefixes (auto|none|imagefolder)"),
     "MX8_MIX_SNAPSHOT": (True, "mix_snapshot log events (logger headrace.mix)"),
     "MX8_MIX_SNAPSHOT_PERIOD_TICKS": (True, "ticks between mix snapshots (default 64)"),

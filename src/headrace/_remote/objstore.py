@@ -20,6 +20,8 @@ Configuration, each value taken from the first place that sets it:
   ``~/.aws/config`` (``AWS_SHARED_CREDENTIALS_FILE``/``AWS_CONFIG_FILE``) > instance metadata.
 * ``allow_http``: plain HTTP is allowed for loopback endpoints (moto, a local MinIO) and otherwise
   only when asked for.
+* addressing: ``path_style=`` > ``MX8_S3_FORCE_PATH_STYLE`` (``0``/``false``: virtual-hosted) >
+  path-style (``endpoint/bucket/key``); virtual-hosted requests go to ``bucket.endpoint-host/key``.
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ class S3Options:
         region: AWS region, ``None`` = from the environment / profile / ``us-east-1``.
         profile: named profile in the AWS config files, ``None`` = ``AWS_PROFILE`` / ``default``.
         allow_http: allow ``http://`` endpoints; ``None`` = only for loopback hosts.
+        path_style: ``True``: path-style requests (``endpoint/bucket/key``); ``False``:
+            virtual-hosted (``bucket.host/key``, the bucket put in front of the endpoint's host);
+            ``None`` = ``MX8_S3_FORCE_PATH_STYLE`` (``0``/``false`` = virtual-hosted), else path.
         access_key_id, secret_access_key, session_token: explicit credentials (kept out of repr).
         timeout_s: limit for one whole request; a stalled request is abandoned and retried.
         connect_timeout_s: limit for opening a connection.
@@ -84,6 +89,7 @@ class S3Options:
     region: str | None = None
     profile: str | None = None
     allow_http: bool | None = None
+    path_style: bool | None = None
     access_key_id: str | None = dataclasses.field(default=None, repr=False)
     secret_access_key: str | None = dataclasses.field(default=None, repr=False)
     session_token: str | None = dataclasses.field(default=None, repr=False)
@@ -123,6 +129,21 @@ def split_s3_url(url: str) -> tuple[str, str]:
     if not bucket:
         raise ConfigError(f"s3 URL without a bucket: {url!r} (expected s3://bucket/prefix/)")
     return bucket, key
+
+
+def _path_style(given: bool | None, env: str | None) -> bool:
+    """Path-style addressing unless ``path_style=False`` or ``MX8_S3_FORCE_PATH_STYLE`` says 0."""
+    if given is not None:
+        return bool(given)
+    if env is None or not env.strip():
+        return True
+    v = env.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"invalid MX8_S3_FORCE_PATH_STYLE={env!r} (expected 1/true: path-style "
+                      "requests, or 0/false: virtual-hosted)")
 
 
 def _profile_settings(profile: str | None) -> dict[str, str]:
@@ -211,6 +232,11 @@ class ObjectStore:
                                   " pass allow_http=True if that is intended")
             cfg["endpoint"] = endpoint.rstrip("/")
             cfg["_allow_http"] = bool(allow)
+        if not _path_style(o.path_style, env.get("MX8_S3_FORCE_PATH_STYLE")):
+            cfg["virtual_hosted_style_request"] = True
+            if endpoint:  # the SDKs' virtual-hosted form of a custom endpoint
+                parts = urlsplit(cfg["endpoint"])
+                cfg["endpoint"] = parts._replace(netloc=f"{self.bucket}.{parts.netloc}").geturl()
         # Explicit keys, then a profile chosen explicitly, then env, then the default profile.
         if o.access_key_id and o.secret_access_key:
             keys = (o.access_key_id, o.secret_access_key, o.session_token)
