@@ -14,14 +14,23 @@ from typing import Any
 import numpy as np
 
 from headrace._base.errors import ConfigError, NotAStoreError, RecordIndexError
+from headrace._store.recycle import Recycler
 
 __all__ = ["Dataset"]
 
 _NPY_MAGIC = b"\x93NUMPY"
+_INT64 = np.dtype(np.int64)
+_UINT64 = np.dtype(np.uint64)
+_MAX = np.maximum.reduce
 
 
 def _normalize_indices(indices: Any, n: int) -> np.ndarray:
     """Int64 record ids in ``[0, n)`` from any integer array-like (negatives count from the end)."""
+    # What a loader's sampler gives: one reduction checks both ends (negatives turn huge as
+    # unsigned), and in-range ids are used as they are (read only, never copied).
+    if (type(indices) is np.ndarray and indices.dtype == _INT64 and indices.ndim == 1
+            and (not len(indices) or int(_MAX(indices.view(_UINT64))) < n)):
+        return indices
     idx = np.asarray(indices)
     if idx.ndim > 1:
         raise IndexError(f"indices must be 1-D, got shape {idx.shape}")
@@ -45,21 +54,26 @@ def _normalize_indices(indices: Any, n: int) -> np.ndarray:
 
 
 class _StoreBackend:
-    def __init__(self, path: str, field: str | None) -> None:
-        from headrace._store.reader import open as open_store
+    """One field of a store, opened through the process's shared stores: the datasets of one
+    store's fields (and loaders of it built later) map and checksum it once."""
 
-        self.store = open_store(path)
+    def __init__(self, path: str, field: str | None) -> None:
+        from headrace._sources.shared_store import open_shared
+
+        self.source = open_shared(path)
+        self.store = self.source.store
         names = list(self.store.fields)
         if field is None:
             if len(names) != 1:
-                self.store.close()
+                self.source.close()
                 raise ConfigError(f"store {path!r} has {len(names)} fields {names}; pick one "
                                   f"with Dataset(path, field=...)")
             field = names[0]
         elif field not in names:
-            self.store.close()
+            self.source.close()
             raise ConfigError(f"store {path!r} has no field {field!r}; its fields are {names}")
         self.field = field
+        self._fields = (field,)  # a tuple: the store memoizes its steady read plan by it
         spec = self.store.fields[field]
         self.dtype = np.dtype(spec.dtype)
         self.item_shape = None if spec.shape is None else tuple(spec.shape)
@@ -68,19 +82,26 @@ class _StoreBackend:
         return len(self.store)
 
     def gather(self, idx: np.ndarray) -> Any:
-        return self.store.gather(idx, fields=[self.field])[self.field]
+        return self.store.gather(idx, self._fields)[self.field]
 
     def close(self) -> None:
-        self.store.close()
+        self.source.close()
 
 
 class _ArrayBackend:
-    """A ``.npy`` memmap or a Blosc2 NDArray: both index like NumPy."""
+    """A ``.npy`` memmap or a Blosc2 NDArray: both index like NumPy.
+
+    A ``.npy`` gathers as a store's fixed-shape field does: one ``take`` from the mapping (a plain
+    ndarray view of it, not the ``memmap`` subclass, whose indexing wraps every result) into an
+    output the program has let go of (``Recycler``), so a batch pays no fresh pages.
+    """
 
     def __init__(self, array: Any) -> None:
-        self.array = array
         self.dtype = np.dtype(array.dtype)
         self.item_shape: tuple[int, ...] | None = tuple(int(s) for s in array.shape[1:])
+        self._mapped = isinstance(array, np.ndarray)
+        self.array = np.asarray(array) if self._mapped else array  # the view keeps the map
+        self._recycler = Recycler()
 
     def __len__(self) -> int:
         return int(self.array.shape[0])
@@ -89,10 +110,15 @@ class _ArrayBackend:
         if idx.size == 0:
             assert self.item_shape is not None
             return np.empty((0, *self.item_shape), dtype=self.dtype)
+        if self._mapped:
+            out = self._recycler.empty((len(idx), *self.array.shape[1:]), self.dtype)
+            # ids were checked against [0, N) (_normalize_indices): "clip" never clips, and
+            # unlike "raise" writes straight into ``out`` with no per-index bounds check
+            return self.array.take(idx, axis=0, out=out, mode="clip")
         return np.asarray(self.array[idx])
 
     def close(self) -> None:
-        pass
+        self._recycler.clear()  # the arrays handed out stay valid
 
 
 class _ZrecordBackend:

@@ -11,13 +11,21 @@ from headrace._engine.config import Constraints, RuntimeConfig
 from headrace._engine.keywords import keyword_names, refuse_unknown
 from headrace._engine.loader import Loader, Transform, resolve_order
 from headrace._sources.base import open_source
+from headrace._sources.shared_store import open_shared, opens_as_store
 
 __all__ = ["load"]
 
 
 def _open(data: Any, options: dict[str, Any]) -> Any:
-    """``open_source`` with a misspelt ``load`` keyword reported as such (``ConfigError``)."""
+    """``open_source`` with a misspelt ``load`` keyword reported as such (``ConfigError``).
+
+    A store path gives the store this process already opened there when its files are unchanged
+    (``_sources.shared_store``): a script that calls ``load`` every epoch then maps, scans and
+    checksums the store once, as a loader over one kept ``Store`` does.
+    """
     try:
+        if opens_as_store(data):
+            return open_shared(data, **_store_options(options))
         return open_source(data, **options)
     except TypeError as e:
         m = re.search(r"unexpected keyword argument '(\w+)'", str(e))
@@ -25,6 +33,11 @@ def _open(data: Any, options: dict[str, Any]) -> Any:
             raise
         refuse_unknown([m.group(1)], keyword_names(load), "load()")
         raise  # not reached: refuse_unknown raised
+
+
+def _store_options(options: dict[str, Any]) -> dict[str, Any]:
+    # ``recursive`` is mx8's listing keyword: a store lists its own records, so it changes nothing
+    return {k: v for k, v in options.items() if k != "recursive"}
 
 
 def _check_bound(name: str, value: Any) -> int:
@@ -53,6 +66,10 @@ def load(data: Any, *, batch: int = 512, inflight: int | None = None, queue: int
     select the half-open record range ``[start, end)``. Unlike mx8, ``inflight``, ``queue`` and
     ``prefetch`` are honoured (they win over ``profile``), ``shuffle=True`` (or ``order=``) gives a
     seeded shuffle, and ``epochs`` > 1 or ``None`` (endless) read several epochs.
+
+    A store path opens the store this process already opened there (by ``load`` or ``Dataset``)
+    when none of its files changed since, so a ``load`` per epoch maps and checksums the store
+    once; any change opens it afresh (``docs/format.md``, "Reading").
 
     Args:
         data: a store path or ``Store``, or anything a registered source opens (``s3://``,
