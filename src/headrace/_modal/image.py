@@ -38,10 +38,11 @@ from headrace._engine.lifecycle import (
 )
 from headrace._engine.loader import BatchPlan, Loader, resolve_order
 from headrace._engine.timeline import timeline_period
-from headrace._modal.image_augment import ImageSpec, finish, plan_batch
+from headrace._modal.image_augment import ImageSpec, finish, plan_batch, scratch
 from headrace._modal.image_decode import decode, decode_window, image_size
 from headrace._order.byte_plan import BytePlan
 from headrace._sources.images import ImageRecords, open_image_records
+from headrace._store.recycle import Recycler
 
 __all__ = ["ImageLoader", "image"]
 
@@ -75,6 +76,21 @@ class _Job:
         self.lock = threading.Lock()
         self.decoded = 0
         self.failed = 0
+        # batch arrays written again once the program dropped them (see ``size_pool``)
+        self.pool = Recycler(max_arrays=0, max_bytes=0)
+
+    def size_pool(self, batches: int, batch: int) -> None:
+        """Recycle up to ``batches`` output arrays of ``batch`` images.
+
+        A fresh float32 batch is 38 MB of new pages the kernel faults in and zeroes (a third of
+        the default path's CPU per image); a batch the program let go of (no array, view or
+        tensor of it left) is rewritten instead. ``batches`` is the window plus the two a ``for``
+        loop holds (the one it works on, the one ``next()`` returns), so the idle arrays are at
+        most what the same run holds without recycling.
+        """
+        nbytes = batch * int(np.prod(self.item_shape)) * self.dtype.itemsize
+        self.pool = Recycler(max_arrays=batches, max_bytes=batches * nbytes,
+                             max_array_bytes=nbytes)
 
     def _count(self, *, decoded: int, failed: int) -> None:
         with self.lock:
@@ -103,7 +119,7 @@ class _Decoder:
                 bad[j] = e
                 sizes.append((1, 1))
         plans = plan_batch(spec, ld.seed, self.epoch, ids, sizes)
-        out = np.empty((n, *ld.item_shape), ld.dtype)
+        out = ld.pool.empty((n, *ld.item_shape), ld.dtype)
         direct = spec.layout == "NHWC" and not spec.float_out
         keep = np.empty(n, np.int64)
         k = 0
@@ -119,14 +135,19 @@ class _Decoder:
                         "every image comes out the same size")
                 simple = direct and (plan.post is None or plan.window) and not plan.flip \
                     and plan.jitter is None
+                # the decode goes straight into the batch slot, else into this thread's buffer
+                # when its shape is known (finish() then reads it into the slot)
+                dst = out[k] if simple else None
                 if plan.window:
                     assert plan.size is not None and plan.post is not None
-                    img = decode_window(buf, resized=plan.size, window=plan.post,
-                                        out=out[k] if simple else None,
+                    if dst is None:
+                        dst = scratch("image", (plan.post[2], plan.post[3], 3))
+                    img = decode_window(buf, resized=plan.size, window=plan.post, out=dst,
                                         dct_scale=spec.dct_scale, fast=bool(spec.fast))
                 else:
-                    img = decode(buf, box=plan.box, size=plan.size,
-                                 out=out[k] if simple else None,
+                    if dst is None and plan.size is not None:
+                        dst = scratch("image", (*plan.size, 3))
+                    img = decode(buf, box=plan.box, size=plan.size, out=dst,
                                  interpolation=spec.interpolation, dct_scale=spec.dct_scale,
                                  fast=bool(spec.fast))
                 if not simple:
@@ -140,6 +161,7 @@ class _Decoder:
                 continue
             keep[k] = j
             k += 1
+        ld.records.release(payloads)
         ld._count(decoded=k, failed=n - k)
         labels = np.asarray(batch["label"], np.int64)
         if k == n:
@@ -318,6 +340,7 @@ class ImageLoader(LoaderWrapper):
         self._epoch = start_epoch
         self._ended = False  # the end of the stream was delivered (StopIteration raised)
         self._last: Loader = self._open_epoch(start_epoch, token)
+        self._job.size_pool(self._last.config.window_batches + 2, batch)
         self._streak = EmptyStreak(self._last, f"on_decode_error={on_decode_error!r}")
 
     def _adopt(self, token: bytes) -> int:
@@ -371,6 +394,7 @@ class ImageLoader(LoaderWrapper):
                 if self._closed or (self._end_epoch is not None and self._epoch >= self._end_epoch):
                     self._inner = None
                     self._ended = not self._closed
+                    self._job.pool.clear()  # the run is over: the program keeps only its own
                     self._end_timeline()
                     self._streak.end()
                     raise StopIteration from None
@@ -550,6 +574,9 @@ class ImageLoader(LoaderWrapper):
             if ld is not None:
                 ld.close()
         self._inner = None
+        job = getattr(self, "_job", None)
+        if job is not None:
+            job.pool.clear()
 
     def _use_budget(self, budget: Any) -> None:
         """Reserve from ``budget`` (a ``headrace.mix`` share) from now on, in place: the running

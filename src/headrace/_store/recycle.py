@@ -30,11 +30,14 @@ class Recycler:
     """Keeps up to ``max_arrays`` gather outputs (at most ``max_bytes`` in all) for reuse.
 
     Idle arrays stay allocated while their store is open: that is the memory a loader's batches
-    in flight use anyway, bounded by ``max_bytes``.
+    in flight use anyway, bounded by ``max_bytes``. Arrays outside 64 KiB..``max_array_bytes``
+    are never kept.
     """
 
-    def __init__(self, max_arrays: int = 16, max_bytes: int = 32 << 20) -> None:
+    def __init__(self, max_arrays: int = 16, max_bytes: int = 32 << 20,
+                 max_array_bytes: int = _MAX_ARRAY_BYTES) -> None:
         self._held: list[np.ndarray] = []
+        self._max_array_bytes = max_array_bytes
         self._bytes = 0
         self._max_arrays = max_arrays
         self._max_bytes = max_bytes
@@ -50,7 +53,7 @@ class Recycler:
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """An array of ``shape`` and ``dtype`` (contents undefined): a free held one, else new."""
         nbytes = math.prod(shape) * dtype.itemsize
-        if not _MIN_ARRAY_BYTES <= nbytes <= _MAX_ARRAY_BYTES:
+        if not _MIN_ARRAY_BYTES <= nbytes <= self._max_array_bytes:
             return np.empty(shape, dtype)
         free = self._free_count
         held = self._held
