@@ -84,9 +84,12 @@ class _Job:
 
         A fresh float32 batch is 38 MB of new pages the kernel faults in and zeroes (a third of
         the default path's CPU per image); a batch the program let go of (no array, view or
-        tensor of it left) is rewritten instead. ``batches`` is the window plus the two a ``for``
-        loop holds (the one it works on, the one ``next()`` returns), so the idle arrays are at
-        most what the same run holds without recycling.
+        tensor of it left) is rewritten instead. ``batches`` is what can be referenced at once
+        anyway: the window, the batch each worker thread still holds until it dispatches its
+        next one, the consumer's own inline batch and the two a ``for`` loop holds (the one it
+        works on, the one ``next()`` returns). So the idle arrays are never more than the same
+        run holds without recycling, and they are dropped when the run ends or the loader
+        closes.
         """
         nbytes = batch * int(np.prod(self.item_shape)) * self.dtype.itemsize
         self.pool = Recycler(max_arrays=batches, max_bytes=batches * nbytes,
@@ -340,7 +343,8 @@ class ImageLoader(LoaderWrapper):
         self._epoch = start_epoch
         self._ended = False  # the end of the stream was delivered (StopIteration raised)
         self._last: Loader = self._open_epoch(start_epoch, token)
-        self._job.size_pool(self._last.config.window_batches + 2, batch)
+        cfg = self._last.config
+        self._job.size_pool(cfg.window_batches + cfg.threads + 3, batch)
         self._streak = EmptyStreak(self._last, f"on_decode_error={on_decode_error!r}")
 
     def _adopt(self, token: bytes) -> int:
