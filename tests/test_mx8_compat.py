@@ -204,3 +204,14 @@ def test_an_mx8_token_is_checked_as_mx8_checks_it(pack, tmp_path, monkeypatch):
         mx8.load(str(pack), batch=8, resume=dist)
     with pytest.raises(CheckpointError, match="resumes one source"):
         mx8.mix([mx8.load(str(pack), batch=8)], weights=[1], resume=token)
+
+
+def test_ram_gb_and_constraints_cap_are_one_setting_as_in_mx8(pack, tmp_path):
+    both = dict(batch=8, ram_gb=1, constraints=real.Constraints(max_ram_bytes=10**9))
+    with pytest.raises(ValueError, match=r"pass only one of ram_gb or constraints\.max_ram_bytes"):
+        real.load(str(pack), store=str(tmp_path / "ms"), **both)
+    with pytest.raises(ConfigError, match=r"pass only one of ram_gb or constraints\.max_ram_bytes"):
+        mx8.load(str(pack), batch=8, ram_gb=1, constraints=mx8.Constraints(max_ram_bytes=10**9))
+    ok = mx8.load(str(pack), batch=8, ram_gb=1,
+                  constraints=mx8.Constraints(max_inflight_bytes=1 << 24))
+    assert ok.stats()["max_process_rss_bytes"] == 1 << 30

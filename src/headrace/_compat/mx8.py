@@ -55,6 +55,14 @@ def _distributed(job: Any, coord: Any, node: Any, where: str) -> dict[str, int]:
     return {"rank": launch.rank, "world_size": launch.world_size, **mx8_env.distributed_order()}
 
 
+def _one_rss_cap(ram_gb: Any, constraints: Any) -> None:
+    """mx8 refuses two RSS caps (``ram_gb`` and ``constraints.max_ram_bytes``), in its words."""
+    if ram_gb is not None and getattr(constraints, "max_ram_bytes", None) is not None:
+        raise ConfigError("pass only one of ram_gb or constraints.max_ram_bytes (both set the "
+                          f"RSS cap: ram_gb={ram_gb!r}, max_ram_bytes="
+                          f"{constraints.max_ram_bytes!r})")
+
+
 def _common(store: Any, manifest: Any, recursive: bool, batch: int, inflight: int | None,
             queue: int | None, prefetch: int | None, start: Any, end: Any, resume: Any,
             ram_gb: Any, profile: Any, constraints: Any, runtime: Any) -> dict[str, Any]:
@@ -64,6 +72,7 @@ def _common(store: Any, manifest: Any, recursive: bool, batch: int, inflight: in
                           "point at the folder itself")
     if isinstance(batch, int) and not isinstance(batch, bool) and batch == 0:
         batch = 1  # mx8: batch=0 means 1
+    _one_rss_cap(ram_gb, constraints)
     mx8_token = mx8_tokens.parse(resume)  # resumed once the loader is built (resume_at)
     kw: dict[str, Any] = dict(batch=batch, inflight=inflight, queue=queue, prefetch=prefetch,
                               start=start, end=end,
@@ -232,6 +241,7 @@ class DistributedDataLoader(DataLoader):
             raise ConfigError(f"DistributedDataLoader(coord_url={coord_url!r}) has no dataset: "
                               "create it with mx8.coordinator(data=...) in this process or set "
                               f"MX8_DATASET_LINK. {_LAUNCH_HINT}")
+        _one_rss_cap(max_ram_gb, constraints)
         launch = detect()
         if not launch.distributed:
             raise ConfigError(f"DistributedDataLoader found no launcher: {_LAUNCH_HINT}")
@@ -299,6 +309,7 @@ def load(data: Any, *, store: Any = None, manifest: Any = None, recursive: bool 
     """mx8's ``load``: ``PyBatch`` per batch. ``inflight``/``queue``/``prefetch`` are honoured;
     ``autopack``/``shard_mb`` change nothing (raw folders and prefixes are read directly)."""
     del autopack, shard_mb
+    _one_rss_cap(ram_gb, constraints)
     extra: dict[str, Any] = dict(_distributed(job, coord, node, "load()"))
     if constraints is not None:
         extra["constraints"] = constraints
@@ -349,6 +360,7 @@ def image(data: Any, *, batch: int = 32, **kwargs: Any) -> Any:
     ``to_torch=True``; mx8's keywords are headrace.image's own). ``batch_bytes``/
     ``target_bytes`` cut batches by the encoded files' bytes, as mx8 does."""
     kwargs.setdefault("to_torch", True)
+    _one_rss_cap(kwargs.get("ram_gb"), kwargs.get("constraints"))
     threads = mx8_env.decode_threads()
     if threads is not None:
         kwargs.setdefault("threads", threads)

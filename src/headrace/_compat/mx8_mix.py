@@ -13,7 +13,7 @@ from typing import Any
 
 from headrace._base.errors import CheckpointError, ConfigError
 from headrace._compat import mx8_token as mx8_tokens
-from headrace._compat.mx8 import _tune, _Wrapped
+from headrace._compat.mx8 import _one_rss_cap, _tune, _Wrapped
 
 __all__ = ["MixedDataLoader", "mix"]
 
@@ -53,6 +53,7 @@ def mix(sources: Sequence[Any], *, weights: Sequence[float], seed: int = 0, epoc
     import headrace
 
     del job, coord, profile
+    _one_rss_cap(ram_gb, constraints)
     if mx8_tokens.parse(resume) is not None:  # other mx8 kinds raise there, saying why
         raise CheckpointError("unsupported checkpoint kind data_loader: an mx8 data_loader "
                               "token resumes one source (mx8.load(..., resume=token)), not "
