@@ -10,14 +10,26 @@ Per cell, every fixed setting ``threads x prefetch`` of the search grid reads fo
 ``--search-seconds``; the fastest is the best fixed setting. Then it and the autotuned loader
 (``tune=True``, threads and prefetch unset: it starts from one thread and no prefetch) run
 alternately ``--repeat`` times for ``--seconds`` each, and their median runs are compared (the
-search's maximum alone would be the luckiest of 12 noisy runs, an unfair bar on a busy machine). Throughput counts everything from the loader's construction to the last batch
-(start-up and the tuner's search included). Memory is the loader's peak bytes in flight
-(``inflight_high_water_bytes``: batches being built or waiting, what the byte cap bounds).
+search's maximum alone would be the luckiest of 12 noisy runs, an unfair bar on a busy machine).
 
-Printed per cell: the best fixed setting (highest throughput) and its peak, the autotuned rate,
-its final setting and peak, and the ratios; then the geometric mean and the worst ratio.
+Throughput ("b/s") counts everything from the loader's construction to the last batch, start-up
+and the tuner's search included: what a run of that length gets. A tuner spends its first
+intervals (100 ms each) below the setting it settles on, a cost a training run of minutes pays
+once; in a run of a few seconds it is a few percent, so "steady" also gives the rate after the
+first ``--settle`` seconds of each run, of both loaders: the setting reached, without the ramp.
 
-    python benchmarks/bench_autotune.py            # about 3 minutes
+Memory: "peak" is the most bytes in flight any of the runs reached (``inflight_high_water_bytes``,
+KiB: batches reserved, being built or waiting, what the byte cap bounds), the tuner's including
+every step it took, kept or undone; "rss+" the most the process's counted RSS (file pages
+excluded) rose over what it was before the run, sampled by the loader (KiB; allocator reuse
+across runs in one process makes it a rough figure). "spread" is the range of the per-pair
+tuned/fixed rate ratios: how far one comparison moves on this machine.
+
+Printed per cell: the best fixed setting and its figures, the autotuned loader's final setting,
+figures and adjustments, and the ratios; then the geometric means, the worst cell and the load
+average (other work on the machine moves every figure).
+
+    python benchmarks/bench_autotune.py            # about 4 minutes
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ from typing import Any
 import numpy as np
 
 import headrace
+from headrace._engine.stats import sample_memory
 from headrace._sources.base import open_source
 
 SEARCH_THREADS = (1, 2, 4, 8)
@@ -76,23 +89,41 @@ def expensive(batch: dict[str, Any], ids: np.ndarray) -> dict[str, Any]:
     return {"x": s - s.mean(axis=1, keepdims=True)}
 
 
-def run(source: Any, *, seconds: float, consumer_s: float, transform: Any, **kw: Any) -> dict:
+def run(source: Any, *, seconds: float, consumer_s: float, transform: Any, settle: float = 1.0,
+        **kw: Any) -> dict:
+    """Read for ``seconds``: the whole run's rate, the rate after the first ``settle`` seconds
+    (a tuner's search done), the peak bytes in flight and the peak RSS the run added."""
+    rss0 = sample_memory().counted_bytes
     t0 = time.perf_counter()
     end = t0 + seconds
     batches = 0
+    mark: tuple[float, int] | None = None
     with headrace.Loader(source, batch=256, order="shuffle", seed=1, epochs=None,
                          transform=transform, **kw) as ld:
         for _ in ld:
             batches += 1
             if consumer_s:
                 time.sleep(consumer_s)
-            if time.perf_counter() >= end:
+            now = time.perf_counter()
+            if mark is None and now - t0 >= settle:
+                mark = (now, batches)
+            if now >= end:
                 break
         dt = time.perf_counter() - t0
         s = ld.stats()
-    return {"rate": batches / dt, "peak": s["inflight_high_water_bytes"],
+    steady = (batches - mark[1]) / max(t0 + dt - mark[0], 1e-9) if mark else batches / dt
+    return {"rate": batches / dt, "steady": steady, "peak": s["inflight_high_water_bytes"],
+            "rss": max(0, s["counted_rss_high_water_bytes"] - rss0),
             "cap": s["max_inflight_bytes"], "threads": s["threads"],
             "prefetch": s["prefetch_batches"], "adjust": s.get("autotune_adjustments", 0)}
+
+
+def _load() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:  # no /proc (macOS)
+        return "n/a"
 
 
 def _median(runs: list[dict]) -> dict:
@@ -105,8 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=int, default=40_000)
     p.add_argument("--search-seconds", type=float, default=0.8,
                    help="how long each fixed setting of the search reads")
-    p.add_argument("--seconds", type=float, default=1.5,
+    p.add_argument("--seconds", type=float, default=3.0,
                    help="how long each run of the final comparison reads")
+    p.add_argument("--settle", type=float, default=1.0,
+                   help="the steady rate counts the batches after this many seconds of a run")
     p.add_argument("--repeat", type=int, default=3,
                    help="alternating runs of the best fixed setting and the tuner")
     p.add_argument("--consumer-ms", type=float, default=4.0, help="the slow consumer's step")
@@ -128,19 +161,22 @@ def main(argv: list[str] | None = None) -> int:
         consumers = {"fast": 0.0, "slow": args.consumer_ms / 1000}
         transforms = {"cheap": cheap, "expensive": expensive}
         print(f"batches of 256 x 256 float32 (256 KiB); medians of {args.repeat} alternating "
-              f"runs of {args.seconds:g} s; slow consumer "
-              f"{args.consumer_ms:g} ms/batch, remote latency {args.latency_ms:g} ms/gather; "
-              f"search: threads {SEARCH_THREADS} x prefetch {SEARCH_PREFETCH}")
+              f"runs of {args.seconds:g} s (steady: after the first {args.settle:g} s); slow "
+              f"consumer {args.consumer_ms:g} ms/batch, remote latency {args.latency_ms:g} "
+              f"ms/gather; search: threads {SEARCH_THREADS} x prefetch {SEARCH_PREFETCH} for "
+              f"{args.search_seconds:g} s each; load average {_load()}")
         print(f"{'consumer':8} {'transform':9} {'source':6} | {'best fixed':>15} {'b/s':>7} "
-              f"{'peak KiB':>8} | {'tuned':>11} {'b/s':>7} {'peak KiB':>8} {'adj':>4} | "
-              f"{'rate':>5} {'peak':>5}")
-        ratios, mems = [], []
+              f"{'steady':>7} {'peak':>5} {'rss+':>5} | {'tuned':>11} {'b/s':>7} {'steady':>7} "
+              f"{'peak':>5} {'rss+':>5} {'adj':>4} | {'rate':>5} {'stdy':>5} {'peak':>5} | "
+              f"{'spread':>11}")
+        ratios, steadies, mems = [], [], []
         for cname, consumer_s in consumers.items():
             for tname, transform in transforms.items():
                 for sname, source in sources.items():
                     if args.cells is not None and f"{cname}/{tname}/{sname}" not in args.cells:
                         continue
-                    common = {"consumer_s": consumer_s, "transform": transform}
+                    common = {"consumer_s": consumer_s, "transform": transform,
+                              "settle": args.settle}
                     fixed = {(t, q): run(source, seconds=args.search_seconds, threads=t,
                                          prefetch=q, **common)
                              for t in SEARCH_THREADS for q in SEARCH_PREFETCH}
@@ -151,25 +187,39 @@ def main(argv: list[str] | None = None) -> int:
                                   **common),
                               run(source, seconds=args.seconds, tune=True, **common))
                              for _ in range(args.repeat)]
-                    best = _median([a for a, _ in pairs])
-                    tuned = _median([b for _, b in pairs])
+                    fixed_runs = [a for a, _ in pairs]
+                    tuned_runs = [b for _, b in pairs]
+                    best, tuned = _median(fixed_runs), _median(tuned_runs)
+                    # memory: the most any run held (a tuner's peak differs from run to run)
+                    best_peak = max(a["peak"] for a in fixed_runs)
+                    tuned_peak = max(b["peak"] for b in tuned_runs)
+                    best_rss = max(a["rss"] for a in fixed_runs)
+                    tuned_rss = max(b["rss"] for b in tuned_runs)
                     r = tuned["rate"] / best["rate"]
-                    m = tuned["peak"] / best["peak"]
+                    st = (sorted(b["steady"] for b in tuned_runs)[len(pairs) // 2]
+                          / sorted(a["steady"] for a in fixed_runs)[len(pairs) // 2])
+                    m = tuned_peak / best_peak
                     ratios.append(r)
+                    steadies.append(st)
                     mems.append(m)
+                    # each pair's tuned / fixed rate: how far one comparison moves
+                    each = sorted(b["rate"] / a["rate"] for a, b in pairs)
                     fixed_s = f"threads={bt} pf={bq}"
                     tuned_s = f"t={tuned['threads']} pf={tuned['prefetch']}"
                     print(f"{cname:8} {tname:9} {sname:6} | {fixed_s:>15} "
-                          f"{best['rate']:7.1f} {best['peak'] / 1024:8.0f} | "
-                          f"{tuned_s:>11} "
-                          f"{tuned['rate']:7.1f} {tuned['peak'] / 1024:8.0f} {tuned['adjust']:4d} | "
-                          f"{r:5.2f} {m:5.2f}")
+                          f"{best['rate']:7.1f} {best['steady']:7.1f} {best_peak >> 10:5d} "
+                          f"{best_rss >> 10:5d} | {tuned_s:>11} {tuned['rate']:7.1f} "
+                          f"{tuned['steady']:7.1f} {tuned_peak >> 10:5d} {tuned_rss >> 10:5d} "
+                          f"{tuned['adjust']:4d} | {r:5.2f} {st:5.2f} {m:5.2f} | "
+                          f"{each[0]:.2f}..{each[-1]:.2f}")
                     sys.stdout.flush()
-                    assert all(b["peak"] <= b["cap"] for _, b in pairs)
+                    assert all(b["peak"] <= b["cap"] for b in tuned_runs)
         geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        geo_st = math.exp(sum(math.log(r) for r in steadies) / len(steadies))
         print(f"autotuned / best fixed throughput: geometric mean {geo:.3f}, worst "
-              f"{min(ratios):.3f}; peak bytes in flight autotuned / best fixed: at most "
-              f"{max(mems):.2f}, {sum(m <= 1.0 for m in mems)} of {len(mems)} cells <= 1")
+              f"{min(ratios):.3f} (steady: {geo_st:.3f}, worst {min(steadies):.3f}); peak bytes "
+              f"in flight autotuned / best fixed: at most {max(mems):.2f}, "
+              f"{sum(m <= 1.0 for m in mems)} of {len(mems)} cells <= 1; load average {_load()}")
         local.close()
     return 0
 

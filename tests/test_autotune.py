@@ -34,7 +34,7 @@ class Feed:
 
 
 def test_a_waiting_consumer_with_busy_workers_gets_more_threads_while_they_pay() -> None:
-    t = Tuner(max_threads=8, max_window=64)
+    t = Tuner(max_threads=8, max_window=64, cores=8)
     f = Feed(t)
     rate = 100.0
     assert f.run(rate=rate, wait=0.9, busy=1.0) and t.threads == 2
@@ -43,8 +43,54 @@ def test_a_waiting_consumer_with_busy_workers_gets_more_threads_while_they_pay()
         f.run(rate=rate, wait=0.5, busy=1.0)
     assert t.threads == 4, t.last_reason
     assert t.reverted == 1  # the step past 4 was tried and undone
-    assert t.prefetch == 0  # the machine is saturated: a deeper window would only hold memory
+    # the machine is saturated: a deeper window is tried once, does not pay either, is undone
+    assert t.prefetch == 1 and t.last_reason.startswith("prefetch 0 -> 1"), t.last_reason
+    f.run(rate=400.0, wait=0.5, busy=1.0)
+    assert (t.threads, t.prefetch) == (4, 0) and t.reverted == 2, t.last_reason
+    settings = []
+    for _ in range(11):  # retried only after cooldowns that double: 2 tries of each in 2.2 s
+        f.run(rate=400.0, wait=0.5, busy=1.0)
+        settings.append((t.threads, t.prefetch))
+    assert settings.count((8, 0)) == 2 and settings.count((4, 1)) == 2, settings
+    assert settings[-1] == (4, 0) and t.reverted == 6
     assert "nothing left to raise" in t.last_reason
+
+
+def test_a_deeper_window_that_pays_is_kept_when_threads_do_not() -> None:
+    t = Tuner(max_threads=8, max_window=64, threads=4, cores=8)
+    f = Feed(t)
+    f.run(rate=200.0, wait=0.9, busy=1.0)
+    assert t.threads == 8
+    f.run(rate=200.0, wait=0.9, busy=1.0)  # four more threads did not pay: undone
+    assert (t.threads, t.prefetch) == (4, 0), t.last_reason
+    f.run(rate=200.0, wait=0.9, busy=1.0)  # the consumer waits hard: the window doubles
+    assert (t.threads, t.prefetch) == (4, 1), t.last_reason
+    seen = []
+    for _ in range(12):  # each doubling pays, up to as many batches as threads; threads do not
+        f.run(rate=200.0 + 20 * t.prefetch, wait=0.9, busy=1.0)
+        seen.append((t.threads, t.prefetch))
+    assert (4, 4) in seen and seen[-1] == (4, 4), seen
+    assert max(p for _, p in seen) == 4, seen
+
+
+def test_work_on_the_cpu_gets_no_more_threads_than_cpus() -> None:
+    t = Tuner(max_threads=8, max_window=64, cores=2)
+    f = Feed(t)
+    f.run(rate=100.0, wait=0.9, busy=1.0)
+    assert t.threads == 2, t.last_reason
+    for _ in range(3):  # the work would scale further, but 2 CPUs run 2 threads at a time
+        f.run(rate=100.0 * t.threads, wait=0.9, busy=1.0)
+        assert t.threads == 2, t.last_reason
+
+
+def test_one_interval_of_a_little_wait_costs_no_memory() -> None:
+    t = Tuner(max_threads=8, max_window=64)
+    f = Feed(t)
+    assert not f.run(rate=200.0, wait=0.1, busy=0.3) and t.window == 1, t.last_reason
+    assert t.last_reason.startswith("watching"), t.last_reason
+    assert not f.run(rate=200.0, wait=0.0, busy=0.3) and t.window == 1
+    assert not f.run(rate=200.0, wait=0.1, busy=0.3) and t.window == 1
+    assert f.run(rate=200.0, wait=0.1, busy=0.3) and t.window == 2, t.last_reason
 
 
 def test_an_increase_that_does_not_pay_is_undone_and_not_retried_at_once() -> None:
@@ -190,24 +236,47 @@ def test_latency_bound_gathers_jump_to_the_threads_littles_law_needs() -> None:
     s = Signals(now=0.0, batches=0, consumer_wait_s=0.0, busy_s=0.0, capped_s=0.0,
                 ram_wait_s=0.0)
     t.start(s)
-    # 4 ms per gather, 0.1 ms of it on a CPU, a consumer that waits: one step to the ceiling
+    # 4 ms per gather, 0.1 ms of it on a CPU, a consumer that waits: one step to the ceiling,
+    # which is below what Little's law needs: as many batches of slack come with it
     s = _io(s, dt=0.2, rate=240, wait=0.95, threads=1, gather=0.004, gather_cpu=0.0001)
-    assert t.step(s) and t.threads == 8 and "Little's law" in t.last_reason, t.last_reason
-    # the rate rose: kept; the dispatcher waits for window room: the window doubles from a
-    # quarter of the threads, never past as many batches of slack as threads
-    s = _io(s, dt=0.2, rate=1500, wait=0.9, threads=8, gather=0.004, gather_cpu=0.0001,
-            blocked=0.5)
-    assert t.step(s) and (t.threads, t.prefetch) == (8, 2), t.last_reason
-    for _ in range(4):
-        s = _io(s, dt=0.2, rate=1500 + 100 * t.prefetch, wait=0.9, threads=8, gather=0.004,
-                gather_cpu=0.0001, blocked=0.5)
-        t.step(s)
-    assert (t.threads, t.prefetch) == (8, 8), t.last_reason
-    # no window wait: the busy share of waiting threads is no reason for a deeper window
-    u = Tuner(max_threads=8, max_window=64, threads=8, cores=2)
+    assert t.step(s) and (t.threads, t.prefetch) == (8, 8), t.last_reason
+    assert "Little's law" in t.last_reason and "prefetch" in t.last_reason, t.last_reason
+    # a jump whose rate stays far below its prediction is undone, both knobs
+    s = _io(s, dt=0.2, rate=236, wait=0.95, threads=8, gather=0.004, gather_cpu=0.0001)
+    assert t.step(s) and (t.threads, t.prefetch) == (1, 0), t.last_reason
+    # a consumer that needs the 8 threads of the ceiling: the jump, no slack; the dispatcher
+    # waits for window room: the window doubles from a quarter of the threads, never past as
+    # many batches of slack as threads
+    u = Tuner(max_threads=8, max_window=64, cores=2)
     u.start(s)
+    s = _io(s, dt=0.2, rate=240, wait=0.88, threads=1, gather=0.004, gather_cpu=0.0001)
+    assert u.step(s) and (u.threads, u.prefetch) == (8, 0), u.last_reason
+    # (8 threads keep pace: the consumer's 0.5 ms per batch is a quarter of the time)
+    s = _io(s, dt=0.2, rate=1500, wait=0.25, threads=8, gather=0.004, gather_cpu=0.0001,
+            blocked=0.5)
+    assert u.step(s) and (u.threads, u.prefetch) == (8, 2), u.last_reason
+    for _ in range(4):
+        s = _io(s, dt=0.2, rate=1500, wait=0.25, threads=8, gather=0.004, gather_cpu=0.0001,
+                blocked=0.5)
+        u.step(s)
+    assert (u.threads, u.prefetch) == (8, 8), u.last_reason
+    # no window wait: the busy share of waiting threads is no reason for a deeper window
+    v = Tuner(max_threads=8, max_window=64, threads=8, cores=2)
+    v.start(s)
     s = _io(s, dt=0.2, rate=1500, wait=0.9, threads=8, gather=0.004, gather_cpu=0.0001)
-    assert not u.step(s) and u.prefetch == 0 and "nothing left to raise" in u.last_reason
+    assert not v.step(s) and v.prefetch == 0 and "nothing left to raise" in v.last_reason
+
+
+def test_gathers_that_wait_for_a_cpu_are_not_latency_bound() -> None:
+    # a loaded machine: 0.2 ms per gather off the CPU, 0.05 ms on it, but 0.4 ms of transform
+    t = Tuner(max_threads=8, max_window=64, cores=2)
+    s = Signals(now=0.0, batches=0, consumer_wait_s=0.0, busy_s=0.0, capped_s=0.0,
+                ram_wait_s=0.0)
+    t.start(s)
+    db = 400
+    s = Signals(now=0.2, batches=db, consumer_wait_s=0.19, busy_s=db * 0.00065, capped_s=0.0,
+                ram_wait_s=0.0, gather_s=db * 0.00025, gather_cpu_s=db * 0.00005)
+    assert t.step(s) and t.threads == 2 and "Little" not in t.last_reason, t.last_reason
 
 
 def test_cpu_bound_gathers_still_grow_by_doubling() -> None:

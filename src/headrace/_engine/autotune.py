@@ -19,20 +19,27 @@ Signals, measured over an interval of at least ``min_batches`` delivered batches
 
 Decisions, one per interval:
 
-* the consumer waits (``wait > WAIT_HIGH``) and the workers are busy: more threads, toward the
-  parallelism the measured per-batch work needs (``work per batch / consumer time per batch``), at
-  most doubling; the workers are not busy, or busy at the thread ceiling: one more batch of
-  prefetch (the window is what limits, or batches finishing out of order need slack). Never past the byte budget's room (``budget // bytes per batch`` batches in the
-  window) and never while producers already wait on a cap.
-* the consumer waits on latency-bound gathers (off the CPU ``IO_BOUND`` times their CPU time or
-  more): straight to the threads Little's law needs (``work per batch / interval``, the interval
-  the consumer's own time per batch or the on-CPU work over the cores), decided after
-  ``min_batches`` already; the window of such workers grows only while the dispatcher waits for
-  room in it (``BLOCKED``), doubling, to at most as much prefetch as threads. Such steps are
-  kept unless the rate fell (``FELL``), a jump when the rate reached ``HOLDS`` of its prediction;
+* the consumer waits (``wait > WAIT_HIGH``) in two intervals running, or once by
+  ``WAIT_STRONG`` or more (a noisy interval alone never costs memory), and the workers are busy:
+  more threads, toward the parallelism the measured per-batch work needs (``work per batch /
+  consumer time per batch``), at most doubling; the workers are not busy, busy at the thread
+  ceiling, or their last added thread did not pay: more prefetch, one batch, or doubling while
+  the consumer waits ``WAIT_STRONG`` or more (the window is what limits, batches finishing out of
+  order need slack, and room in the window lets the waiting consumer build a batch itself).
+  Never past the byte budget's room (``budget // bytes per batch`` batches in the window) and
+  never while producers already wait on a cap.
+* the consumer waits on latency-bound gathers (off the CPU ``IO_BOUND`` times the on-CPU work,
+  gathers' CPU time and transforms, or more: a thread waiting for a CPU on a loaded machine is
+  off the CPU too, but not by that much): straight to the threads Little's law needs (``work per
+  batch / interval``, the interval the consumer's own time per batch or the on-CPU work over the
+  cores), decided after ``min_batches`` already; when the thread ceiling is below that need, as
+  many batches of prefetch as threads come with the jump. Otherwise the window of such workers
+  grows only while the dispatcher waits for room in it (``BLOCKED``), doubling, to at most as
+  much prefetch as threads. Such steps are kept unless the rate fell (``FELL``), a jump when the
+  rate reached ``HOLDS`` of its prediction;
 * every increase is checked on the next interval: when the rate did not rise by ``GAIN`` or
-  more, it is undone and that knob is not raised again for a cooldown that doubles on each
-  failure (hysteresis: no oscillating between two settings);
+  more, it is undone (both knobs, when it moved both) and that knob is not raised again for a
+  cooldown that doubles on each failure (hysteresis: no oscillating between two settings);
 * the consumer has not waited (``wait < WAIT_LOW``) for ``CALM`` intervals: one step down, the
   prefetch first, then a thread when the others could carry its work, to give memory back; a
   step down after which the consumer waits again is undone with the same doubling cooldown;
@@ -50,22 +57,34 @@ __all__ = ["Signals", "Tuner", "tune_max_threads"]
 
 WAIT_HIGH = 0.05  # the consumer waited this share of the time or more: the loader limits it
 WAIT_LOW = 0.01  # below this share the consumer is not held up
+WAIT_STRONG = 0.25  # a wait this large is acted on at once; a smaller one only when the interval
+# before waited too (one noisy interval of a loaded machine must not cost memory)
 GAIN = 0.02  # an increase must raise the delivered rate by this much to be kept (an extra
 # thread costs one batch of memory; a missing one costs throughput: in doubt, keep it)
 CALM = 3  # intervals without waiting before a step down
 BUSY = 0.6  # workers busy this share of their time: more of them would help
 COOLDOWN_S = 0.5  # the first cooldown after an undone change; doubles on each failure
-IO_BOUND = 2.0  # gathers waited off the CPU this many times their CPU time: latency-bound
+IO_BOUND = 2.0  # gathers waited off the CPU this many times the on-CPU work: latency-bound
 HOLDS = 0.75  # a Little's-law jump whose rate reaches this share of its prediction is kept
 BLOCKED = 0.25  # the dispatcher waited for window room this share of the time: the window limits
 FELL = 0.1  # a step taken on a direct signal is undone only when the rate fell this much
 
 
 def _cores() -> int:
+    """The CPUs this process may run on: its affinity, and a cgroup v2 CPU quota when set
+    (a container limited to 2 CPUs of a 64-core host runs 2 threads' worth of work at a time)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        n = len(os.sched_getaffinity(0))
     except AttributeError:  # not on every platform
-        return max(1, os.cpu_count() or 1)
+        n = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            n = min(n, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):  # no cgroup v2, or no quota
+        pass
+    return max(1, n)
 
 
 def tune_max_threads(threads: int | None, default: int) -> int:
@@ -97,6 +116,7 @@ class Signals:
 class _Move:
     knob: str  # "threads" or "prefetch"
     before: int
+    other: int  # the other knob's value before (a step may move both: undoing restores both)
     rate_before: float
     up: bool
     predicted: float = 0.0  # a Little's-law jump's predicted rate (0: a plain step)
@@ -131,6 +151,7 @@ class Tuner:
         self._last: Signals | None = None
         self._move: _Move | None = None
         self._calm = 0
+        self._waited = False  # the last interval's consumer waited (> WAIT_HIGH)
         self._cool_until = {"threads": 0.0, "prefetch": 0.0, "down": 0.0}
         self._cool_s = {"threads": COOLDOWN_S, "prefetch": COOLDOWN_S, "down": COOLDOWN_S}
         self.rate = 0.0
@@ -157,8 +178,9 @@ class Tuner:
                 self.threads >= self.max_threads:
             return False
         wait = (signals.consumer_wait_s - last.consumer_wait_s) / dt
-        cpu = signals.gather_cpu_s - last.gather_cpu_s
-        off = signals.gather_s - last.gather_s - cpu
+        gather = signals.gather_s - last.gather_s
+        off = gather - (signals.gather_cpu_s - last.gather_cpu_s)
+        cpu = signals.busy_s - last.busy_s - off  # the gathers' CPU time and the transforms
         return wait > WAIT_HIGH and off > 0 and off >= IO_BOUND * cpu
 
     def step(self, signals: Signals) -> bool:
@@ -188,14 +210,17 @@ class Tuner:
         gather = (signals.gather_s - last.gather_s) / db
         gather_cpu = (signals.gather_cpu_s - last.gather_cpu_s) / db
         off = max(0.0, gather - gather_cpu)
+        # The rest of the work is on a CPU (or waits for one: a gather descheduled on a loaded
+        # machine is off the CPU too, which the transforms' time outweighs unless it is I/O).
+        cpu = max(work - off, 0.0)
         before = (self.threads, self.prefetch)
-        self._decide(signals.now, capped, ram > 0, work, own, off, gather_cpu)
+        self._decide(signals.now, capped, ram > 0, work, own, off, cpu)
         return (self.threads, self.prefetch) != before
 
     # -- the decision ----------------------------------------------------------------------------
 
     def _decide(self, now: float, capped: float, ram_blocked: bool, work: float,
-                own: float, off: float = 0.0, gather_cpu: float = 0.0) -> None:
+                own: float, off: float = 0.0, cpu: float = 0.0) -> None:
         move, self._move = self._move, None
         if move is not None and self._judge(move, now):
             return
@@ -205,8 +230,14 @@ class Tuner:
             return
         if self.wait > WAIT_HIGH:
             self._calm = 0
-            self._grow(now, capped, work, own, off, gather_cpu)
+            waited, self._waited = self._waited, True
+            if self.wait >= WAIT_STRONG or waited:
+                self._grow(now, capped, work, own, off, cpu)
+            else:
+                self.last_reason = (f"watching: the consumer waited {self.wait:.1%}, once (a "
+                                    f"step needs it twice, or over {WAIT_STRONG:.0%})")
             return
+        self._waited = False
         if self.wait < WAIT_LOW:
             self._calm += 1
             if self._calm >= CALM:
@@ -241,6 +272,7 @@ class Tuner:
 
     def _undo(self, move: _Move, cool: str, now: float, why: str) -> None:
         setattr(self, move.knob, move.before)
+        setattr(self, "prefetch" if move.knob == "threads" else "threads", move.other)
         self._clamp()
         self._cool_until[cool] = now + self._cool_s[cool]
         self._cool_s[cool] *= 2
@@ -249,41 +281,54 @@ class Tuner:
         self.last_reason = "undone " + why
 
     def _grow(self, now: float, capped: float, work: float, own: float,
-              off: float = 0.0, gather_cpu: float = 0.0) -> None:
+              off: float = 0.0, cpu: float = 0.0) -> None:
         if capped > self.wait / 2:
             self.last_reason = (f"at a cap: producers waited {capped:.1%} of the time on the "
                                 "byte budget or RAM cap")
             return
         room = self.max_window - self.window
-        if self._little(now, work, own, off, gather_cpu, room):
+        if self._little(now, work, own, off, cpu, room):
             return
-        if self.busy >= BUSY and self.threads < self.max_threads and \
-                now >= self._cool_until["threads"]:
-            need = math.ceil(1.1 * work / own) if own > 0 else self.max_threads
-            target = min(self.max_threads, 2 * self.threads, max(need, self.threads + 1))
+        # Work that runs on a CPU (gathers mostly on it) cannot use more threads than there are
+        # CPUs: past them a thread only takes turns (and the consumer builds batches, too).
+        on_cpu = off < cpu
+        ceiling = min(self.max_threads, self.cores) if on_cpu else self.max_threads
+        if self.busy >= BUSY and self.threads < ceiling and now >= self._cool_until["threads"]:
+            need = math.ceil(1.1 * work / own) if own > 0 else ceiling
+            target = min(ceiling, 2 * self.threads, max(need, self.threads + 1))
             # the new threads need room in the window: take it from the prefetch if needed
             target = min(target, self.threads + room + self.prefetch)
             if target > self.threads:
                 grow = target - self.threads
-                self.prefetch = max(0, self.prefetch - max(0, grow - room))
-                self._set("threads", target, now, up=True,
+                prefetch, self.prefetch = self.prefetch, max(0, self.prefetch - max(0, grow - room))
+                self._set("threads", target, now, up=True, other=prefetch,
                           why=f"the consumer waited {self.wait:.1%}, workers {self.busy:.0%} busy")
                 return
-        # idle workers: the window is what limits; busy ones at the thread ceiling: batches that
-        # finish out of order need slack. (Busy workers whose next thread did not pay saturate
-        # the machine: a deeper window would only hold more memory.)
+        # idle workers: the window is what limits; busy ones at the thread ceiling, or whose
+        # last added thread did not pay (the CPUs are saturated): batches that finish out of
+        # order need slack, and a window with room lets the waiting consumer build a batch
+        # itself, on the CPU time it would otherwise sleep. At most as many batches of prefetch
+        # as threads (one finished behind each one in flight): past that a deeper window only
+        # absorbs noise, and a step kept on one lucky interval would hold its memory for good.
         # Latency-bound workers are "busy" waiting, not computing: their window is what limits
         # (a slow gather holds up the ones behind it), and it grows by doubling, a step large
         # enough to show above the noise of one interval.
         # A latency-bound window grows only on that direct evidence, up to as many batches of
         # slack as threads: past it the busy share says nothing about the window.
-        waits_io = off > 0.0 and off >= IO_BOUND * gather_cpu
+        waits_io = off > 0.0 and off >= IO_BOUND * cpu
         latent = waits_io and self.blocked >= BLOCKED and self.prefetch < self.threads
-        plain = not waits_io and (self.busy < BUSY or self.threads >= self.max_threads)
+        saturated = self.threads >= ceiling or now < self._cool_until["threads"]
+        plain = not waits_io and (self.busy < BUSY or saturated) and \
+            self.prefetch < max(1, self.threads)
         if room > 0 and now >= self._cool_until["prefetch"] and (latent or plain):
             # at most as much slack as threads: each thread a batch in flight and one finished
-            step = min(room, max(1, self.prefetch, self.threads // 4),
-                       self.threads - self.prefetch) if latent else 1
+            if latent:
+                step = min(room, max(1, self.prefetch, self.threads // 4),
+                           self.threads - self.prefetch)
+            elif self.wait >= WAIT_STRONG:  # the loader is far behind: doubling
+                step = min(room, max(1, self.prefetch), max(1, self.threads) - self.prefetch)
+            else:
+                step = 1
             self._set("prefetch", self.prefetch + step, now, up=True,
                       why=(f"the consumer waited {self.wait:.1%}, workers {self.busy:.0%} busy"
                            + (f", dispatch waited {self.blocked:.0%} for window room"
@@ -296,16 +341,15 @@ class Tuner:
                             f"(threads {self.threads}/{self.max_threads}, window "
                             f"{self.window}/{self.max_window}, or cooling down)")
 
-    def _little(self, now: float, work: float, own: float, off: float, gather_cpu: float,
+    def _little(self, now: float, work: float, own: float, off: float, cpu: float,
                 room: int) -> bool:
         """Latency-bound workers (gathers mostly wait off the CPU): jump straight to the threads
         Little's law needs, ``ceil(work per batch / interval between batches)``, the interval
         being the consumer's own time per batch or what the CPUs allow of the on-CPU work,
         whichever is longer. Stepping there by doublings takes several noisy intervals."""
-        if off <= 0.0 or off < IO_BOUND * gather_cpu or self.threads >= self.max_threads or \
+        if off <= 0.0 or off < IO_BOUND * cpu or self.threads >= self.max_threads or \
                 now < self._cool_until["threads"]:
             return False
-        cpu = max(work - off, 0.0)  # on-CPU work per batch: gather and transform
         interval = max(own, cpu / self.cores, 1e-9)
         need = math.ceil(work / interval)
         target = min(self.max_threads, need, self.threads + room + self.prefetch)
@@ -313,10 +357,18 @@ class Tuner:
             return False
         predicted = min(1 / interval, target / work) if work > 0 else 0.0
         grow = target - self.threads
-        self.prefetch = max(0, self.prefetch - max(0, grow - room))
-        self._set("threads", target, now, up=True,
+        prefetch, self.prefetch = self.prefetch, max(0, self.prefetch - max(0, grow - room))
+        slack = ""
+        if need > target:
+            # Even the most threads the ceiling allows leave the consumer waiting: the loader
+            # stays the limit, and a gather that finishes late holds up the finished ones behind
+            # it. Slack of as many batches as threads comes with the jump (the window-wait rule
+            # would reach it by doublings, an interval each, of a loader that cannot keep up).
+            self.prefetch = max(self.prefetch, min(target, self.max_window - target))
+            slack = f" (ceiling {target}), and as many batches of prefetch"
+        self._set("threads", target, now, up=True, other=prefetch,
                   why=(f"the consumer waited {self.wait:.1%}, gathers waited {off * 1e3:.1f} ms "
-                       f"off the CPU per batch: Little's law needs {need}"))
+                       f"off the CPU per batch: Little's law needs {need}{slack}"))
         assert self._move is not None
         self._move.predicted = predicted
         return True
@@ -334,11 +386,15 @@ class Tuner:
         else:
             self.last_reason = f"holding: the consumer waited {self.wait:.1%}"
 
-    def _set(self, knob: str, value: int, now: float, *, up: bool, why: str) -> None:
+    def _set(self, knob: str, value: int, now: float, *, up: bool, why: str,
+             other: int | None = None) -> None:
+        """Set ``knob``; ``other``: what the other knob was before, when the step moved it too."""
         before = getattr(self, knob)
+        if other is None:
+            other = getattr(self, "prefetch" if knob == "threads" else "threads")
         setattr(self, knob, value)
         self._clamp()
-        self._move = _Move(knob, before, self.rate, up)
+        self._move = _Move(knob, before, other, self.rate, up)
         self.adjustments += 1
         self.last_reason = f"{knob} {before} -> {getattr(self, knob)}: {why}"
 
