@@ -277,6 +277,13 @@ def test_gathers_that_wait_for_a_cpu_are_not_latency_bound() -> None:
     s = Signals(now=0.2, batches=db, consumer_wait_s=0.19, busy_s=db * 0.00065, capped_s=0.0,
                 ram_wait_s=0.0, gather_s=db * 0.00025, gather_cpu_s=db * 0.00005)
     assert t.step(s) and t.threads == 2 and "Little" not in t.last_reason, t.last_reason
+    # 4 ms off the CPU per gather, all of it ready to run but waiting for a CPU (schedstat)
+    u = Tuner(max_threads=8, max_window=64, cores=2)
+    u.start(s)
+    s = Signals(now=0.4, batches=2 * db, consumer_wait_s=0.38, busy_s=s.busy_s + db * 0.0041,
+                capped_s=0.0, ram_wait_s=0.0, gather_s=s.gather_s + db * 0.0041,
+                gather_cpu_s=s.gather_cpu_s + db * 0.0001, runq_s=db * 0.004)
+    assert u.step(s) and u.threads == 2 and "Little" not in u.last_reason, u.last_reason
 
 
 def test_cpu_bound_gathers_still_grow_by_doubling() -> None:

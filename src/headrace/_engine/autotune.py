@@ -29,8 +29,8 @@ Decisions, one per interval:
   Never past the byte budget's room (``budget // bytes per batch`` batches in the window) and
   never while producers already wait on a cap.
 * the consumer waits on latency-bound gathers (off the CPU ``IO_BOUND`` times the on-CPU work,
-  gathers' CPU time and transforms, or more: a thread waiting for a CPU on a loaded machine is
-  off the CPU too, but not by that much): straight to the threads Little's law needs (``work per
+  gathers' CPU time and transforms, or more; the threads' time waiting for a CPU, ``runq_s``,
+  is not off the CPU: a loaded machine is not a slow source): straight to the threads Little's law needs (``work per
   batch / interval``, the interval the consumer's own time per batch or the on-CPU work over the
   cores), decided after ``min_batches`` already; when the thread ceiling is below that need, as
   many batches of prefetch as threads come with the jump. Otherwise the window of such workers
@@ -110,6 +110,7 @@ class Signals:
     gather_s: float = 0.0  # gather wall seconds (within busy_s)
     gather_cpu_s: float = 0.0  # the part of gather_s its threads ran on a CPU
     window_wait_s: float = 0.0  # the dispatcher's seconds waiting for room in the window
+    runq_s: float = 0.0  # the loader's threads' seconds ready to run but waiting for a CPU
 
 
 @dataclass
@@ -179,7 +180,8 @@ class Tuner:
             return False
         wait = (signals.consumer_wait_s - last.consumer_wait_s) / dt
         gather = signals.gather_s - last.gather_s
-        off = gather - (signals.gather_cpu_s - last.gather_cpu_s)
+        off = gather - (signals.gather_cpu_s - last.gather_cpu_s) - \
+            max(0.0, signals.runq_s - last.runq_s)
         cpu = signals.busy_s - last.busy_s - off  # the gathers' CPU time and the transforms
         return wait > WAIT_HIGH and off > 0 and off >= IO_BOUND * cpu
 
@@ -209,9 +211,13 @@ class Tuner:
         # per batch: the gathers' time off the CPU (waiting on I/O), the rest of the work
         gather = (signals.gather_s - last.gather_s) / db
         gather_cpu = (signals.gather_cpu_s - last.gather_cpu_s) / db
-        off = max(0.0, gather - gather_cpu)
-        # The rest of the work is on a CPU (or waits for one: a gather descheduled on a loaded
-        # machine is off the CPU too, which the transforms' time outweighs unless it is I/O).
+        # off the CPU and not waiting for one: I/O, a round trip (the run-queue wait is the
+        # threads' whole interval's, so this errs toward "not latency-bound")
+        runq = max(0.0, signals.runq_s - last.runq_s) / db
+        off = max(0.0, gather - gather_cpu - runq)
+        # The rest of the work is on a CPU or waits for one (where no schedstat tells, a gather
+        # descheduled on a loaded machine counts as off the CPU, which the transforms' time
+        # outweighs unless it is I/O).
         cpu = max(work - off, 0.0)
         before = (self.threads, self.prefetch)
         self._decide(signals.now, capped, ram > 0, work, own, off, cpu)

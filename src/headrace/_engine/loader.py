@@ -141,6 +141,7 @@ class _Engine:
         # The last slot is the consumer's (batches it gathers inline, see take()).
         self.busy = [[0.0, 0.0, 0.0] for _ in range(count + 1)]
         self.cpu_clock = tuner is not None  # gather CPU seconds (busy[i][2]) are the tuner's
+        self.tids = [0] * count  # each worker's native thread id, for runqueue_seconds()
         self.threads = [threading.Thread(target=self._work, args=(i,),
                                          name=f"headrace-worker-{i}", daemon=True)
                         for i in range(count)]
@@ -265,6 +266,7 @@ class _Engine:
 
     def _work(self, slot: int) -> None:
         busy = self.busy[slot]
+        self.tids[slot] = threading.get_native_id()
         while True:
             if slot >= self.active and not self._park(slot):
                 return
@@ -306,6 +308,19 @@ class _Engine:
         """Gather seconds: wall time, and the part the gathering threads ran on a CPU (the rest
         waited: on I/O, a remote round trip, a lock)."""
         return sum(b[0] for b in self.busy), sum(b[2] for b in self.busy)
+
+    def runqueue_seconds(self) -> float:
+        """Seconds the workers and the calling (consumer) thread waited for a CPU while ready to
+        run (Linux schedstat; 0 elsewhere): the part of a gather's time off the CPU that is a
+        loaded machine, not I/O. Read once per tuner interval, never per batch."""
+        total = 0
+        for tid in [t for t in self.tids if t] + [threading.get_native_id()]:
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                    total += int(f.read().split()[1])
+            except (OSError, IndexError, ValueError):  # no schedstat, or the thread ended
+                pass
+        return total / 1e9
 
     def _run(self, task: _Result, busy: list[float], *, inline: bool = False) -> None:
         """Gather and transform one reserved batch, then post it (or its error) in order.
@@ -823,7 +838,7 @@ class Loader:
         gather_s, gather_cpu_s = engine.gather_seconds()
         return Signals(now=now, batches=c.delivered_batches, consumer_wait_s=c.consumer_wait_s,
                        busy_s=engine.busy_seconds(), gather_s=gather_s, gather_cpu_s=gather_cpu_s,
-                       window_wait_s=engine.window_wait_s,
+                       window_wait_s=engine.window_wait_s, runq_s=engine.runqueue_seconds(),
                        capped_s=self._budget.wait_seconds + c.ram_wait_s,
                        ram_wait_s=c.ram_wait_s)
 
