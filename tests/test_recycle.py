@@ -69,6 +69,19 @@ def test_torch_tensor_keeps_its_batch(store):
     assert t.numpy().tolist() == x[_ids(5)].tolist()
 
 
+def test_jax_array_aliasing_a_batch_keeps_it(store):
+    import jax
+    s, x = store
+    b = s.gather(_ids(7))["x"]
+    assert b.ctypes.data % 64 == 0  # what lets XLA:CPU adopt the buffer instead of copying it
+    j = jax.device_put(b)
+    assert j.unsafe_buffer_pointer() == b.ctypes.data  # aliased, not copied
+    del b  # the jax array is now the only holder of the buffer
+    for seed in range(8, 30):
+        s.gather(_ids(seed))
+    assert np.asarray(j).tolist() == x[_ids(7)].tolist()
+
+
 def test_recycler_bounds():
     r = Recycler(max_arrays=2, max_bytes=1 << 30)
     dt = np.dtype(np.uint8)

@@ -315,7 +315,8 @@ class DeviceIterator(Iterator[Any]):
                 and jax.dtypes.canonicalize_dtype(array.dtype) == array.dtype):
             # XLA:CPU adopts a host buffer without a copy only when it is 64-byte aligned; an
             # unaligned one takes its slow copying path (5-10x a memcpy), so one aligned copy
-            # here is cheaper. Arrays JAX converts anyway (int64 without x64) are left alone.
+            # here is cheaper. A store's batches are aligned already (its Recycler) and go as
+            # they are; arrays JAX converts anyway (int64 without x64) are left alone.
             aligned = _aligned_empty(array.shape, array.dtype)
             np.copyto(aligned, array)
             return aligned

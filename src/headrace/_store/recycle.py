@@ -10,6 +10,12 @@ An array is free when the recycler's own list holds the only reference to it: th
 view (NumPy views keep their base), a torch tensor or JAX array that aliases it, a memoryview:
 each holds a reference. The reference count of a probe kept the same way is the count that means
 "free" on this interpreter, so no version's constant is assumed.
+
+Held arrays start on a 64-byte boundary: XLA:CPU adopts a host buffer without a copy only when it
+is so aligned (``headrace.jax`` on the CPU then places a batch with no copy at all), and rows
+then start on cache lines. Such an array is a view of a slightly larger allocation, and a view of
+it (or JAX's alias) may reference that allocation rather than the array itself, so "free" asks
+both reference counts.
 """
 
 from __future__ import annotations
@@ -24,6 +30,14 @@ __all__ = ["Recycler"]
 
 _MAX_ARRAY_BYTES = 16 << 20  # larger batches: the allocator's own mmap path is as good
 _MIN_ARRAY_BYTES = 64 << 10  # smaller ones come from the allocator's bins without faults
+_ALIGN = 64
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.ndarray:
+    """An uninitialized array starting on an ``_ALIGN``-byte boundary; its ``base`` owns it."""
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
 class Recycler:
@@ -42,13 +56,13 @@ class Recycler:
         self._max_arrays = max_arrays
         self._max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._probe = [np.empty(0, np.uint8)]
+        self._probe = [_aligned_empty((1,), np.dtype(np.uint8), 1)]
         self._free_count = self._count(self._probe, 0)
 
     @staticmethod
-    def _count(held: list[np.ndarray], j: int) -> int:
+    def _count(held: list[np.ndarray], j: int) -> tuple[int, int]:
         a = held[j]
-        return sys.getrefcount(a)
+        return sys.getrefcount(a), sys.getrefcount(a.base)
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """An array of ``shape`` and ``dtype`` (contents undefined): a free held one, else new."""
@@ -64,7 +78,7 @@ class Recycler:
                     del a  # only the list's reference may remain for the array to be free
                     if self._count(held, j) == free:
                         return held[j]
-            out = np.empty(shape, dtype)
+            out = _aligned_empty(shape, dtype, nbytes)
             if len(held) < self._max_arrays and self._bytes + nbytes <= self._max_bytes:
                 held.append(out)
                 self._bytes += nbytes
