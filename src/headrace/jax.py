@@ -273,6 +273,12 @@ class DeviceIterator(Iterator[Any]):
     def _place(self, host: Any) -> Any:
         # One device_put for the whole batch: its numeric leaves in a list, the structure kept
         # aside with a slot where each goes back.
+        if type(host) is dict and self._fields is None:
+            # the usual batch, a dict of numeric arrays: no structure to keep aside
+            values = list(host.values())
+            if all(type(v) is np.ndarray and v.dtype.kind in _NUMERIC for v in values):
+                host_values = [self._host(v) for v in values]
+                return dict(zip(host, self._put(host_values, [(k,) for k in host]), strict=True))
         leaves: list[Any] = []
         where: list[LeafPath] = []
 
@@ -292,6 +298,10 @@ class DeviceIterator(Iterator[Any]):
             return _Slot(len(leaves) - 1)
 
         tree = map_leaves(select(host, self._fields), to_host)
+        return _fill(tree, self._put(leaves, where))
+
+    def _put(self, leaves: list[Any], where: list[LeafPath]) -> list[Any]:
+        """``leaves`` placed on the sharding (one ``device_put`` for them all)."""
         try:
             if self._multiprocess:
                 sharding = self._sharding
@@ -307,11 +317,11 @@ class DeviceIterator(Iterator[Any]):
                 "the loader with tail='drop' (or 'pad') and a batch that is a multiple of the "
                 "device count")
             raise
-        return _fill(tree, placed)
+        return list(placed)
 
     def _host(self, value: Any) -> np.ndarray:
         array = np.asarray(value)
-        if (self._cpu and array.ctypes.data % _CPU_ALIGN_BYTES and array.nbytes >= _ALIGN_MIN_BYTES
+        if (self._cpu and array.nbytes >= _ALIGN_MIN_BYTES and array.ctypes.data % _CPU_ALIGN_BYTES
                 and jax.dtypes.canonicalize_dtype(array.dtype) == array.dtype):
             # XLA:CPU adopts a host buffer without a copy only when it is 64-byte aligned; an
             # unaligned one takes its slow copying path (5-10x a memcpy), so one aligned copy

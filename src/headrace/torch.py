@@ -315,6 +315,17 @@ def as_tensors(batch: Any, *, pin_memory: bool = False,
         ConfigError: a name in ``fields`` is not in the batch, or ``fields`` with a batch that is
             not a mapping.
     """
+    if type(batch) is dict and fields is None and not pin_memory:
+        # the usual batch, a dict of writable arrays: one from_numpy each, nothing else
+        from_numpy = torch.from_numpy
+        out = {}
+        for k, v in batch.items():
+            if type(v) is not np.ndarray or v.dtype.kind in _NOT_TENSORS or not v.flags.writeable:
+                break
+            out[k] = from_numpy(v)
+        else:
+            return out
+
     def leaf(value: Any, path: LeafPath) -> Any:
         if type(value) is np.ndarray and value.dtype.kind not in _NOT_TENSORS:
             return _tensor(value, pin_memory)  # the common leaf, tested first
