@@ -197,13 +197,44 @@ def test_an_mx8_token_is_checked_as_mx8_checks_it(pack, tmp_path, monkeypatch):
         mx8.load(str(pack), batch=8, start=3, end=30, resume=fake)
     assert mx8.resolve(str(pack)) == real.resolve(str(pack), store=store)
     mix = (b"mx8_checkpoint_v1\nkind=mix_loader\nseed=0\nepoch=0\nsource_count=1\n")
-    with pytest.raises(CheckpointError, match=r"'mix_loader'.*restores mx8's schedule but not"):
+    with pytest.raises(ValueError, match="unsupported checkpoint kind mix"):
+        real.load(str(pack), store=store, batch=8, resume=mix)
+    with pytest.raises(CheckpointError, match=r"unsupported checkpoint kind mix_loader.*"
+                                              r"resumes mx8\.mix"):
         mx8.load(str(pack), batch=8, resume=mix)
     dist = b"mx8_checkpoint_v1\nkind=distributed_loader\nepoch=0\nrange_count=1\nC 0 8\n"
     with pytest.raises(CheckpointError, match=r"'distributed_loader'.*no coordinator"):
         mx8.load(str(pack), batch=8, resume=dist)
-    with pytest.raises(CheckpointError, match="resumes one source"):
+    with pytest.raises(CheckpointError, match=r"unsupported checkpoint kind data_loader.*"
+                                              r"resumes one source"):
         mx8.mix([mx8.load(str(pack), batch=8)], weights=[1], resume=token)
+
+
+@pytest.mark.parametrize(("weights", "seed", "taken"), [([7, 3], 0, 5), ([0.7, 0.3], 1, 3),
+                                                        ([1, 1, 2], 2, 7)])
+def test_an_mx8_mix_token_resumes_schedule_and_sources(pack, tmp_path, weights, seed, taken):
+    """The wheel's mix token: headrace resumes the schedule (as mx8 does) and every source at
+    its own token, so the rest is the stream the uninterrupted mix yields (mx8 itself continues
+    from wherever the sources are: from its fresh sources' starts here)."""
+    store = str(tmp_path / "ms")
+    ranges = [(0, 40), (0, 20), (20, 40)][:len(weights)]
+
+    def sources(mod, **kw):
+        return [mod.load(str(pack), batch=3, start=a, end=b, **kw) for a, b in ranges]
+
+    ref = real.mix(sources(real, store=store), weights=weights, seed=seed,
+                   on_source_exhausted="allow")
+    for _ in range(taken):
+        next(ref)
+    token = ref.checkpoint()
+    want = [b.sample_ids for b in ref]  # the uninterrupted run's rest
+    got = mx8.mix(sources(mx8), weights=weights, seed=seed, on_source_exhausted="allow",
+                  resume=token)
+    assert [b.sample_ids for b in got] == want
+    with pytest.raises(CheckpointError, match="resume_from seed mismatch: token="):
+        mx8.mix(sources(mx8), weights=weights, seed=seed + 1, resume=token)
+    with pytest.raises(CheckpointError, match="resume_from source_count mismatch: token="):
+        mx8.mix(sources(mx8)[:1], weights=[1], seed=seed, resume=token)
 
 
 def test_ram_gb_and_constraints_cap_are_one_setting_as_in_mx8(pack, tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from headrace._base.errors import CheckpointError, ConfigError
+from headrace._base.errors import ConfigError
 from headrace._compat import mx8_token as mx8_tokens
 from headrace._compat.mx8 import _one_rss_cap, _tune, _Wrapped
 
@@ -54,10 +54,9 @@ def mix(sources: Sequence[Any], *, weights: Sequence[float], seed: int = 0, epoc
 
     del job, coord, profile
     _one_rss_cap(ram_gb, constraints)
-    if mx8_tokens.parse(resume) is not None:  # other mx8 kinds raise there, saying why
-        raise CheckpointError("unsupported checkpoint kind data_loader: an mx8 data_loader "
-                              "token resumes one source (mx8.load(..., resume=token)), not "
-                              "the mix")
+    token = mx8_tokens.parse(resume, kind="mix_loader")  # other mx8 kinds raise there
+    if token is not None:
+        resume = None
     sources = list(sources)
     inner: list[Any] = []
     convert: list[Callable[[Any], Any]] = []
@@ -78,4 +77,10 @@ def mix(sources: Sequence[Any], *, weights: Sequence[float], seed: int = 0, epoc
     m = headrace.mix(inner, weights=list(weights), seed=seed, epoch=epoch, starvation=starvation,
                      on_source_exhausted=on_source_exhausted, resume=resume, ram_gb=ram_gb,
                      constraints=constraints, runtime=runtime, tune=_tune(tune))
+    if token is not None:
+        try:
+            m.load_state_dict(mx8_tokens.mix_state(m.state_dict(), token))
+        except BaseException:
+            m.close()
+            raise
     return MixedDataLoader(m, convert)

@@ -246,7 +246,7 @@ def video(data: Any, *, store: Any = None, manifest: Any = None, recursive: bool
         raise ConfigError("mx8 dev manifests (manifest=/MX8_DEV_MANIFEST_PATH) are not read by "
                           "headrace: point at the folder of videos itself")
     del store  # a folder of videos is read directly; no manifest snapshot is taken
-    if mx8_tokens.parse(resume) is not None:
+    if mx8_tokens.parse(resume) is not None:  # other mx8 kinds raise there, saying why
         raise CheckpointError("unsupported checkpoint kind data_loader: an mx8 data_loader "
                               "token resumes load/image/text/audio, not a video loader")
     if isinstance(fps, int | float) and not isinstance(fps, bool) and (
