@@ -137,3 +137,26 @@ def test_datasets_of_one_store_share_it(tmp_path, settled):
         for batch in loader:
             assert (batch["data"] == x[batch["label"]]).all()
     labels.close()
+
+
+def test_dataloader_over_two_fields_of_one_store(tmp_path, settled):
+    x = _pack(tmp_path / "s")
+    time.sleep(0.05)
+
+    def make(**kw):
+        return headrace.DataLoader(headrace.Dataset(tmp_path / "s", field="x"),
+                                   headrace.Dataset(tmp_path / "s", field="label"),
+                                   batch_size=8, num_workers=2, mode=2, seed=5,
+                                   transform=lambda b: (b[0], b[1] * 2), **kw)
+
+    loader = make()
+    assert type(loader.source).__name__ == "_FieldPairSource"  # one gather for both fields
+    for _ in range(3):
+        batch = next(loader)
+        assert (batch["data"] == x[batch["label"] // 2]).all()
+    token = loader.checkpoint()
+    want = [next(loader)["label"].tolist() for _ in range(4)]
+    loader.close()
+    resumed = make(resume=token)
+    assert [next(resumed)["label"].tolist() for _ in range(4)] == want
+    resumed.close()

@@ -263,6 +263,11 @@ class Dataset:
             return self._backend.gather(np.array([i % n], dtype=np.int64))[0]
         return self.__getitems__(key)
 
+    def _store(self) -> Any:
+        """The open ``Store`` a store field's dataset reads (shared in this process), else None."""
+        backend = self._backend
+        return backend.store if isinstance(backend, _StoreBackend) else None
+
     def __getitems__(self, indices: Any) -> Any:
         """A batch of records in the order of ``indices`` (unsorted and repeated ids are fine)."""
         return self._backend.gather(_normalize_indices(indices, len(self._backend)))

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from headrace._base.errors import ConfigError
+from headrace._compat.dataset import Dataset
 from headrace._engine.config import resolve_config
 from headrace._engine.keywords import checked
 from headrace._engine.loader import Loader, resolve_order
@@ -78,7 +79,7 @@ class DataLoader(Loader):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be an int >= 0, got {value!r}")
         threads = max(1, num_workers)
-        source = ArraySource({"data": dataset, "label": labelset})
+        source = _source(dataset, labelset)
         user = transform
 
         def apply(batch: dict[str, Any], ids: np.ndarray) -> dict[str, Any]:
@@ -103,6 +104,35 @@ class DataLoader(Loader):
         if self._end_epoch is None:
             raise TypeError("Eternal loader has no length.")
         return super().__len__()
+
+
+class _FieldPairSource(ArraySource):
+    """Two ``Dataset``s over different fields of one store: one gather of both fields per batch
+    (one id check, one read plan), where the datasets would gather each on its own. The
+    fingerprint is the ``ArraySource``'s, so checkpoints taken either way resume."""
+
+    def __init__(self, dataset: Any, labelset: Any, store: Any) -> None:
+        super().__init__({"data": dataset, "label": labelset})
+        self._store = store
+        self._names = (dataset.field, labelset.field)
+
+    def gather(self, ids: np.ndarray) -> dict[str, Any]:
+        got = self._store.gather(ids, self._names)
+        return {"data": got[self._names[0]], "label": got[self._names[1]]}
+
+
+def _source(dataset: Any, labelset: Any) -> ArraySource:
+    store = _store_of(dataset)
+    if store is not None and store is _store_of(labelset) and dataset.field != labelset.field:
+        return _FieldPairSource(dataset, labelset, store)
+    return ArraySource({"data": dataset, "label": labelset})
+
+
+def _store_of(dataset: Any) -> Any:
+    """The open store a ``headrace.Dataset`` of a store field reads, else None."""
+    if type(dataset) is not Dataset:
+        return None
+    return dataset._store()
 
 
 def _alias(name: str, value: Any, loaderx_name: str, loaderx_value: Any, default: Any) -> Any:
