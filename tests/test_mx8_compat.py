@@ -246,3 +246,21 @@ def test_ram_gb_and_constraints_cap_are_one_setting_as_in_mx8(pack, tmp_path):
     ok = mx8.load(str(pack), batch=8, ram_gb=1,
                   constraints=mx8.Constraints(max_inflight_bytes=1 << 24))
     assert ok.stats()["max_process_rss_bytes"] == 1 << 30
+
+
+def test_image_loader_stats_keys_and_print_stats_are_mx8s(media, tmp_path, capsys):
+    pk = str(media / "img_pk")
+    ref = real.image(pk, batch=4, resize=(8, 8), store=str(tmp_path / "ms"))
+    next(ref)
+    for ld in (mx8.image(pk, batch=4, resize=(8, 8)),
+               mx8.ImageLoader(pk, batch_size_samples=4, resize_hw=(8, 8))):
+        next(ld)
+        measured = {k for k in ref.stats() if not k.startswith("autotune_")
+                    and k not in ("batch_jitter_slo_breaches_total",
+                                  "batch_jitter_band_adjustments_total")}
+        assert measured | {"autotune_enabled"} <= set(ld.stats())
+        assert type(ld).__name__ == "ImageLoader" and ld.classes == ref.classes
+        ld.print_stats()
+        line = capsys.readouterr().err.strip()
+        assert line.startswith("[mx8] batches=1 samples=4 inflight=") and line.endswith("MB")
+        ld.close()

@@ -120,6 +120,16 @@ def _mx8_stats(s: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _print_stats(s: dict[str, Any]) -> None:
+    """mx8's ``print_stats()`` line, to stderr, with headrace's measured counters."""
+    mb = 1 << 20
+    print(f"[mx8] batches={s.get('delivered_batches_total', 0)} "
+          f"samples={s.get('delivered_samples_total', 0)} "
+          f"inflight={s.get('inflight_bytes', 0) / mb:.1f}MB "
+          f"rss={s.get('process_rss_bytes', 0) / mb:.1f}MB "
+          f"hwm={s.get('ram_high_water_bytes', 0) / mb:.1f}MB", file=sys.stderr)
+
+
 class _Wrapped:
     """An mx8-shaped loader over a headrace loader ``_inner``."""
 
@@ -156,13 +166,7 @@ class _Wrapped:
         return _mx8_stats(self._inner.stats())
 
     def print_stats(self) -> None:
-        s = self._inner.stats()
-        mb = 1 << 20
-        print(f"[mx8] batches={s.get('delivered_batches_total', 0)} "
-              f"samples={s.get('delivered_samples_total', 0)} "
-              f"inflight={s.get('inflight_bytes', 0) / mb:.1f}MB "
-              f"rss={s.get('process_rss_bytes', 0) / mb:.1f}MB "
-              f"hwm={s.get('ram_high_water_bytes', 0) / mb:.1f}MB", file=sys.stderr)
+        _print_stats(self._inner.stats())
 
     def __enter__(self) -> _Wrapped:
         return self
@@ -373,18 +377,21 @@ def image(data: Any, *, batch: int = 32, **kwargs: Any) -> Any:
     if kwargs.pop("manifest", None) is not None:
         raise ConfigError("mx8 dev manifests (manifest=) are not read by headrace: pack the "
                           "files or point at the folder itself")
-    import headrace
 
     token = mx8_tokens.parse(kwargs.get("resume"))
     if token is not None:
         del kwargs["resume"]
+    from headrace._modal.image import _image_options
+
     # mx8's image tokens leave the augmentation epoch out (always 0): not checked
-    return _resume_mx8(headrace.image(data, batch=batch, **extra, **kwargs), token, epoch=None)
+    loader = ImageLoader._create(data, _image_options(dict(batch=batch, **extra, **kwargs)))
+    return _resume_mx8(loader, token, epoch=None)
 
 
 class ImageLoader(_ImageLoader):
-    """headrace's ``ImageLoader`` (mx8's long-name constructor), also resuming an mx8
-    ``data_loader`` token given as ``resume_from``."""
+    """headrace's ``ImageLoader`` as mx8's: what :func:`image` returns and mx8's long-name
+    constructor; ``stats()`` has mx8's keys, ``print_stats()`` mx8's line, and an mx8
+    ``data_loader`` token given as ``resume_from`` resumes."""
 
     def __init__(self, dataset_link: Any, *, resume_from: Any = None, epoch: int = 0,
                  **kwargs: Any) -> None:
@@ -392,6 +399,14 @@ class ImageLoader(_ImageLoader):
         super().__init__(dataset_link, resume_from=None if token is not None else resume_from,
                          epoch=epoch, **kwargs)
         _resume_mx8(self, token, epoch=None)
+
+    def stats(self) -> dict[str, Any]:
+        """headrace's stats with mx8's key names added (as ``mx8.load``'s)."""
+        return _mx8_stats(super().stats())
+
+    def print_stats(self) -> None:
+        """mx8's line: ``[mx8] batches=N samples=N inflight=X.XMB rss=X.XMB hwm=X.XMB``."""
+        _print_stats(super().stats())
 
 
 def pack_dir(in_dir: Any, *, out: Any, shard_mb: int = 512, label_mode: str | None = None,
