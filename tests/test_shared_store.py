@@ -160,3 +160,23 @@ def test_dataloader_over_two_fields_of_one_store(tmp_path, settled):
     resumed = make(resume=token)
     assert [next(resumed)["label"].tolist() for _ in range(4)] == want
     resumed.close()
+
+
+def test_torch_dataset_over_a_path_keeps_its_store_across_epochs(tmp_path, settled):
+    import headrace.torch
+
+    x = _pack(tmp_path / "s")
+    time.sleep(0.05)
+    ds = headrace.torch.IterableDataset(str(tmp_path / "s"), batch=16, order="shuffle", seed=1)
+    stores, epochs = [], []
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        it = iter(ds)
+        first = next(it)
+        stores.append(ds.loader.source.store)
+        got = [first, *it]
+        assert all((b["x"].numpy() == x[b["label"].numpy()]).all() for b in got)
+        epochs.append(np.concatenate([b["label"].numpy() for b in got]).tolist())
+    assert stores[0] is stores[1]
+    assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(N)) and epochs[0] != epochs[1]
+    ds.close()

@@ -262,11 +262,23 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
         if self._factory is not None:
             return self._factory(resume)
         import headrace  # the package itself; imported here so this module stays importable alone
+        from headrace._sources.shared_store import open_shared, opens_as_store
 
         kwargs = dict(self._loader_kwargs)
         if self._epoch is not None:
             kwargs["epoch"] = self._epoch
-        loader: _CheckpointingLoader = headrace.Loader(self._source, resume=resume, **kwargs)
+        source = self._source
+        if "close_source" not in kwargs and opens_as_store(source):
+            # A loader per iteration (epoch) over the same store path: the store this process
+            # opened there, while its files are unchanged, so it is mapped and checksummed once.
+            source = open_shared(source)
+            kwargs["close_source"] = True
+            try:
+                return headrace.Loader(source, resume=resume, **kwargs)
+            except BaseException:
+                source.close()
+                raise
+        loader: _CheckpointingLoader = headrace.Loader(source, resume=resume, **kwargs)
         return loader
 
     def _generate(self, loader: _CheckpointingLoader, *, owned: bool) -> Iterator[Any]:

@@ -273,7 +273,9 @@ class Dataset:
         return self._backend.gather(_normalize_indices(indices, len(self._backend)))
 
     def close(self) -> None:
-        """Releases the store's maps (a no-op for files)."""
+        """Gives back the store (shared in this process while its files are unchanged: closed
+        once nothing uses it and newer ones push it out); for files, drops the recycled outputs.
+        Arrays returned earlier stay valid."""
         self._backend.close()
 
     def __enter__(self) -> Dataset:
