@@ -84,6 +84,8 @@ def test_coord_under_a_launcher_reads_this_ranks_share(pack, monkeypatch):
         dd = mx8.DistributedDataLoader(coord_url=c.url, job_id="j", node_id="n",
                                        batch_size_samples=8)
         assert [b.sample_ids for b in dd] == [b.sample_ids for b in ld]
+        s = dd.stats()
+        assert (s["assigned_rank"], s["world_size"], s["effective_want"]) == (1, 2, 1)
 
 
 def test_resume_continues_exactly(pack):

@@ -238,7 +238,7 @@ class DistributedDataLoader(DataLoader):
                  autotune: bool | None = None, constraints: Any = None, runtime: Any = None,
                  progress_interval_ms: int = 500, grpc_max_message_bytes: int | None = None,
                  resume_from: bytes | None = None, _data: Any = None) -> None:
-        del job_id, node_id, want, progress_interval_ms, grpc_max_message_bytes
+        del job_id, node_id, progress_interval_ms, grpc_max_message_bytes
         data = _data if _data is not None else _COORDINATORS.get(coord_url,
                                                                  os.environ.get("MX8_DATASET_LINK"))
         if data is None:
@@ -261,6 +261,16 @@ class DistributedDataLoader(DataLoader):
                          target_batch_bytes=target_batch_bytes, max_batch_bytes=max_batch_bytes,
                          resume_from=resume_from, profile=profile, autotune=autotune,
                          _extra=extra)
+        self._want = want
+
+    def stats(self) -> dict[str, Any]:
+        """As ``DataLoader.stats()`` plus mx8's distributed keys that hold here: this rank,
+        the world size and ``want`` as given (the ranks are the launcher's, so mx8's
+        ``elastic_*`` membership keys are absent: the world never changes while running)."""
+        s = super().stats()
+        s.update(assigned_rank=self.assigned_rank, world_size=self.world_size,
+                 effective_want=self._want)
+        return s
 
 
 class CoordinatorHandle:
