@@ -4,8 +4,11 @@ Built on :class:`headrace.Loader`: the source hands out encoded bytes (zero-copy
 stores and mx8 packs), and a transform running in the worker threads reads each image's header,
 plans its augmentation (``_image_augment``, a pure function of ``(seed, epoch, record id)``),
 decodes the planned crop at the smallest DCT scale that covers it (``_image_decode``) and writes
-the result straight into the batch array, which is allocated once per batch and counted in the
-loader's byte budget (``transform_nbytes = batch x H x W x 3 x itemsize``).
+the result straight into the batch array (or, when a flip, jitter, crop or float conversion
+follows, into the thread's own buffer first). The batch array is counted in the loader's byte
+budget (``transform_nbytes = batch x H x W x 3 x itemsize``) and is one the program has dropped
+when there is one (``_Job.size_pool``). Once a batch is decoded, the pages of its encoded images
+are unmapped from the process (``ImageRecords.release``): page cache, not the loader's memory.
 
 Epochs run one :class:`~headrace.Loader` each, so every batch knows its epoch (the augmentation
 key) and the checkpoint of the last delivered batch resumes into the right epoch.
