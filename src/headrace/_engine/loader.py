@@ -164,7 +164,7 @@ class _Engine:
     def _wait_ram(self, nbytes: int) -> bool:
         """Pause while the process's counted RSS plus this batch would pass the RAM cap."""
         cap = self.cfg.max_ram_bytes
-        if self.counters.sample(max_age_s=_RAM_SAMPLE_AGE_S).counted_bytes + nbytes <= cap:
+        if self._ram_room(nbytes):
             return True
         start = time.monotonic()
         with self.lock:
@@ -181,6 +181,20 @@ class _Engine:
             with self.lock:
                 self.ram_blocked_since = None
             self.counters.ram_wait_s += time.monotonic() - start
+
+    def _ram_room(self, nbytes: int) -> bool:
+        """Whether counted RSS plus ``nbytes`` fits the RAM cap now.
+
+        A sample up to ``_RAM_SAMPLE_AGE_S`` old is reused only when it is far from the cap: so
+        far that even the whole byte budget allocated since would not reach it (everything the
+        loader allocates is reserved there first). Near the cap every dispatch reads memory
+        afresh, so the cap stays hard while a loop far below it reads ``/proc`` every 10 ms.
+        """
+        cap = self.cfg.max_ram_bytes
+        m = self.counters.sample(max_age_s=_RAM_SAMPLE_AGE_S)
+        if m.counted_bytes + self.budget.cap_bytes + nbytes <= cap:
+            return True
+        return self.counters.sample().counted_bytes + nbytes <= cap
 
     def _next_task(self) -> _Result | None:
         """Reserve the next batch (window, RAM, budget, in batch order); None = stop working.
@@ -241,9 +255,7 @@ class _Engine:
                                   "transform_nbytes must return sizes >= 0")
             self.budget.check_fits(nbytes, what=f"batch {k} ({len(ids)} records)")
             if not wait:
-                cap = self.cfg.max_ram_bytes
-                if (self.counters.sample(max_age_s=_RAM_SAMPLE_AGE_S).counted_bytes + nbytes
-                        > cap or not self.budget.acquire(nbytes, timeout_s=0.0)):
+                if not self._ram_room(nbytes) or not self.budget.acquire(nbytes, timeout_s=0.0):
                     self._pending = step
                     return None
             elif not self._wait_ram(nbytes) or not self.budget.acquire(nbytes):
