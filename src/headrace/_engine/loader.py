@@ -135,7 +135,9 @@ class _Engine:
         # A step taken from the plan whose bytes could not be reserved without waiting (by the
         # consumer's inline dispatch): the next dispatcher starts from it, so no step is skipped.
         self._pending: Step | None = None
-        self.pid = os.getpid()  # threads do not survive fork(): a child must build its own
+        # threads do not survive fork(): a child must build its own (see _forks)
+        self.forks = _FORKS[0]
+        self.consumer_waits = False  # the consumer is in ready_cv.wait (under lock)
         # Seconds each worker spent in [gather, transform, gather on the CPU]; one slot per
         # worker, so each is written by one thread only and no lock is needed.
         # The last slot is the consumer's (batches it gathers inline, see take()).
@@ -381,7 +383,7 @@ class _Engine:
             if result.error is not None and result.where == "dispatcher":
                 self.end_k = result.k + 1  # nothing after a failed dispatch
                 self.space_cv.notify_all()
-            if result.k == self.next_deliver or self.end_k is not None:
+            if self.consumer_waits and (result.k == self.next_deliver or self.end_k is not None):
                 self.ready_cv.notify()
 
     # -- consumer --------------------------------------------------------------------------------
@@ -424,7 +426,7 @@ class _Engine:
         The lock is only ever held by ``with`` blocks (never released and re-taken by hand), so
         a ``KeyboardInterrupt`` anywhere here leaves it consistent and the loader usable.
         """
-        if os.getpid() != self.pid:
+        if _FORKS[0] != self.forks:
             raise LoaderError("this loader was created in another process and its threads did "
                               "not survive fork(); create the loader in the process that "
                               "iterates it (e.g. inside each DataLoader worker)")
@@ -442,7 +444,8 @@ class _Engine:
                         del self.ready[k]
                         self.next_deliver = k + 1
                         self.reserved -= result.nbytes
-                        self.space_cv.notify()
+                        if self.idle_workers or self.ram_blocked_since is not None:
+                            self.space_cv.notify()  # a worker waits for this room
                         break
                 elif self.closed or (self.end_k is not None and k >= self.end_k):
                     return None
@@ -474,9 +477,17 @@ class _Engine:
                     f"max_process_rss_bytes {self.cfg.max_ram_bytes} and no batch is in "
                     "flight; free batches the program holds, or raise ram_gb / "
                     "Constraints(max_ram_bytes=...)")
-            self.ready_cv.wait(_RAM_POLL_S * 10)
-        elif not self.ready_cv.wait(_LIVENESS_S):
+            self._consumer_wait(_RAM_POLL_S * 10)
+        elif not self._consumer_wait(_LIVENESS_S):
             self._check_alive()
+
+    def _consumer_wait(self, timeout: float) -> bool:
+        """``ready_cv.wait`` (locked) with ``consumer_waits`` set: posts notify only then."""
+        self.consumer_waits = True
+        try:
+            return self.ready_cv.wait(timeout)
+        finally:
+            self.consumer_waits = False
 
     def queue_depth(self) -> int:
         return len(self.ready)
@@ -505,6 +516,17 @@ class _Engine:
         # loaders (a mix's share, which outlives this engine) would otherwise lose them for good.
         if held:
             self.budget.release(held)
+
+
+_FORKS = [0]  # fork()s of this process so far, as seen by its child (a pid read is a syscall)
+
+
+def _forked() -> None:
+    _FORKS[0] += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def as_mode(order: Any) -> Mode:
