@@ -88,11 +88,15 @@ class _Result:
 class _Engine:
     """The worker threads and the state they share. Knows nothing of the ``Loader`` object.
 
-    Workers dispatch for themselves: under ``dispatch_lock`` one worker at a time takes the next
-    step of the plan, computes its ids and bytes, waits for window, RAM and budget, and only then
-    releases the lock and gathers. Reservation is therefore in batch order (no deadlock, see the
-    module docstring) while gathers and transforms run in parallel. One hand-off per batch
-    (worker -> consumer) keeps the per-batch overhead low.
+    Workers dispatch for themselves: a worker waits for room in the window, then under
+    ``dispatch_lock`` (one worker at a time) takes the next step of the plan, computes its ids and
+    bytes, waits for RAM and budget, and only then releases the lock and gathers. Reservation is
+    therefore in batch order (no deadlock, see the module docstring) while gathers and transforms
+    run in parallel. One hand-off per batch (worker -> consumer) keeps the per-batch overhead low,
+    and every wake is for a thread that waits: a post notifies the consumer only while it waits
+    (``consumer_waits``), a delivery notifies a worker only while one waits for room
+    (``idle_workers``). Each wake of a sleeping thread costs futex calls and GIL hand-offs, and
+    on a shared machine a vCPU that idles comes back with cold caches.
     """
 
     def __init__(self, *, source: Source, order: Order | None, offset: int, steps: Iterator[Step],
