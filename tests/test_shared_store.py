@@ -180,3 +180,18 @@ def test_torch_dataset_over_a_path_keeps_its_store_across_epochs(tmp_path, settl
     assert stores[0] is stores[1]
     assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(N)) and epochs[0] != epochs[1]
     ds.close()
+
+
+def test_a_dropped_loader_gives_its_store_back(tmp_path, settled):
+    import gc
+
+    _pack(tmp_path / "s")
+    time.sleep(0.05)
+    ld = headrace.load(str(tmp_path / "s"), batch=16)
+    store = ld.source.store
+    next(iter(ld))
+    del ld  # never closed: its finalizer gives the store back
+    gc.collect()
+    again = headrace.load(str(tmp_path / "s"), batch=16)
+    assert again.source.store is store
+    assert sum(len(x) for x, _ in _read(again)) == N

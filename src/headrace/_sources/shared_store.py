@@ -56,7 +56,9 @@ class _Entry:
         self.sources: dict[tuple[str, ...] | None, StoreSource] = {}
 
 
-_lock = threading.Lock()
+# Reentrant: a loader dropped without close() gives its store back from a finalizer, which the
+# garbage collector may run inside any allocation, including one made while this lock is held.
+_lock = threading.RLock()
 _entries: dict[tuple[str, str], _Entry] = {}
 _idle: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
 _pid = os.getpid()
@@ -161,7 +163,7 @@ def open_shared(path: str | os.PathLike[str], *, fields: list[str] | str | None 
             same = (entry.settled and _alive(entry.store)
                     and _signature(real, [s[0] for s in entry.signature]) == entry.signature)
             if not same:
-                del _entries[key]
+                _entries.pop(key, None)
                 _idle.pop(key, None)
                 if entry.users == 0:
                     _close(entry)
@@ -172,6 +174,9 @@ def open_shared(path: str | os.PathLike[str], *, fields: list[str] | str | None 
                 _entries[key] = entry
         entry.users += 1
         _idle.pop(key, None)
+        if entry.closed:  # a finalizer gave it back and pushed it out meanwhile: open anew
+            entry = _open_entry(real, verify)
+            entry.users += 1
         try:
             source = entry.sources.get(wanted)
             if source is None:
@@ -196,7 +201,7 @@ def _release(entry: _Entry) -> None:
     _idle.move_to_end(entry.key)
     while len(_idle) > _IDLE_MAX:
         _, old = _idle.popitem(last=False)
-        del _entries[old.key]
+        _entries.pop(old.key, None)
         _close(old)
 
 
@@ -216,6 +221,7 @@ class SharedStoreSource:
         self._entry = entry
         self._source = source
         self._released = False
+        self._pid = os.getpid()  # a forked child's copy gives nothing back to the parent's
         self.store = source.store
         self.fields = source.fields
         # bound methods of the shared source: no extra call per batch
@@ -235,7 +241,7 @@ class SharedStoreSource:
             if self._released:
                 return
             self._released = True
-            if os.getpid() == _pid:
+            if os.getpid() == self._pid:
                 _release(self._entry)
 
     def __reduce__(self) -> tuple[Any, ...]:
