@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sys
 from typing import Any
 
@@ -175,6 +176,29 @@ class _Wrapped:
         self.close()
 
 
+def _load_capped(data: Any, batch_bytes: int | None, target_bytes: int | None,
+                 inflight: int | None, kw: dict[str, Any]) -> Any:
+    """``headrace.load`` with mx8's default ceiling: without ``max_batch_bytes`` a batch's bytes
+    are capped by ``max_inflight_bytes`` when one is given (mx8 cuts batches to fit it; records
+    of one size everywhere, as arrays, are left as they are)."""
+    import headrace
+
+    if batch_bytes is not None or inflight is None:
+        return headrace.load(data, batch_bytes=batch_bytes, target_bytes=target_bytes, **kw)
+    try:
+        return headrace.load(data, batch_bytes=inflight, target_bytes=target_bytes, **kw)
+    except ConfigError as e:
+        if "need per-record sizes" in str(e) and target_bytes is None:
+            return headrace.load(data, target_bytes=None, **kw)
+        m = re.match(r"(record \d+ has \d+ bytes) > batch_bytes \d+.*at least (\d+)", str(e))
+        if m is None:
+            raise
+        raise ConfigError(f"{m.group(1)} > max_inflight_bytes {inflight}: with max_batch_bytes "
+                          "unset a batch's bytes are capped by max_inflight_bytes, as in mx8; "
+                          f"raise max_inflight_bytes to at least {m.group(2)} (the largest "
+                          "record)") from None
+
+
 class DataLoader(_Wrapped):
     """Raw records as ``PyBatch`` (mx8's long-name constructor)."""
 
@@ -187,7 +211,6 @@ class DataLoader(_Wrapped):
                  resume_from: bytes | None = None, node_id: Any = None,
                  profile: str | None = None, autotune: bool | None = None,
                  _extra: dict[str, Any] | None = None) -> None:
-        import headrace
 
         tune = _tune(autotune)
         kw = _common(manifest_store, manifest_path, recursive, batch_size_samples,
@@ -202,8 +225,8 @@ class DataLoader(_Wrapped):
         label_mode = mx8_env.s3_label_mode(dataset_link)
         if label_mode is not None:
             kw["label_mode"] = label_mode
-        self._inner = headrace.load(dataset_link, batch_bytes=max_batch_bytes,
-                                    target_bytes=target_batch_bytes, **kw)
+        self._inner = _load_capped(dataset_link, max_batch_bytes, target_batch_bytes,
+                                   max_inflight_bytes, kw)
         _resume_mx8(self._inner, token)
 
     def _convert(self, batch: Any) -> PyBatch:
