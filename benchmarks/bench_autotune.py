@@ -22,7 +22,12 @@ Memory: "peak" is the most bytes in flight any of the runs reached (``inflight_h
 KiB: batches reserved, being built or waiting, what the byte cap bounds), the tuner's including
 every step it took, kept or undone; "rss+" the most the process's counted RSS (file pages
 excluded) rose over what it was before the run, sampled by the loader (KiB; allocator reuse
-across runs in one process makes it a rough figure). "spread" is the range of the per-pair
+across runs in one process makes it a rough figure). "cpu": the process's CPU milliseconds per
+batch delivered (the median run's), which other work on the machine moves far less than a rate.
+"wait": the share of the run the consumer spent in ``next()`` (the median run's): what the
+tuner is to keep down; with the slow consumer the rate is the consumer's own (a 4 ms sleep that
+oversleeps on a loaded machine), so there a rate ratio off 1 with a wait near 0 is the
+consumer's noise, not the loader's. "spread" is the range of the per-pair
 tuned/fixed rate ratios: how far one comparison moves on this machine.
 
 Printed per cell: the best fixed setting and its figures, the autotuned loader's final setting,
@@ -94,6 +99,7 @@ def run(source: Any, *, seconds: float, consumer_s: float, transform: Any, settl
     """Read for ``seconds``: the whole run's rate, the rate after the first ``settle`` seconds
     (a tuner's search done), the peak bytes in flight and the peak RSS the run added."""
     rss0 = sample_memory().counted_bytes
+    c0 = time.process_time()
     t0 = time.perf_counter()
     end = t0 + seconds
     batches = 0
@@ -110,9 +116,11 @@ def run(source: Any, *, seconds: float, consumer_s: float, transform: Any, settl
             if now >= end:
                 break
         dt = time.perf_counter() - t0
+        cpu = time.process_time() - c0
         s = ld.stats()
     steady = (batches - mark[1]) / max(t0 + dt - mark[0], 1e-9) if mark else batches / dt
-    return {"rate": batches / dt, "steady": steady, "peak": s["inflight_high_water_bytes"],
+    return {"rate": batches / dt, "steady": steady, "cpu_ms": 1e3 * cpu / max(batches, 1),
+            "wait": s["consumer_wait_seconds"] / dt, "peak": s["inflight_high_water_bytes"],
             "rss": max(0, s["counted_rss_high_water_bytes"] - rss0),
             "cap": s["max_inflight_bytes"], "threads": s["threads"],
             "prefetch": s["prefetch_batches"], "adjust": s.get("autotune_adjustments", 0)}
@@ -166,8 +174,9 @@ def main(argv: list[str] | None = None) -> int:
               f"ms/gather; search: threads {SEARCH_THREADS} x prefetch {SEARCH_PREFETCH} for "
               f"{args.search_seconds:g} s each; load average {_load()}")
         print(f"{'consumer':8} {'transform':9} {'source':6} | {'best fixed':>15} {'b/s':>7} "
-              f"{'steady':>7} {'peak':>5} {'rss+':>5} | {'tuned':>11} {'b/s':>7} {'steady':>7} "
-              f"{'peak':>5} {'rss+':>5} {'adj':>4} | {'rate':>5} {'stdy':>5} {'peak':>5} | "
+              f"{'steady':>7} {'peak':>5} {'rss+':>5} {'cpu':>5} {'wait':>5} | {'tuned':>11} "
+              f"{'b/s':>7} {'steady':>7} {'peak':>5} {'rss+':>5} {'cpu':>5} {'wait':>5} "
+              f"{'adj':>4} | {'rate':>5} {'stdy':>5} {'peak':>5} | "
               f"{'spread':>11}")
         ratios, steadies, mems = [], [], []
         for cname, consumer_s in consumers.items():
@@ -208,9 +217,10 @@ def main(argv: list[str] | None = None) -> int:
                     tuned_s = f"t={tuned['threads']} pf={tuned['prefetch']}"
                     print(f"{cname:8} {tname:9} {sname:6} | {fixed_s:>15} "
                           f"{best['rate']:7.1f} {best['steady']:7.1f} {best_peak >> 10:5d} "
-                          f"{best_rss >> 10:5d} | {tuned_s:>11} {tuned['rate']:7.1f} "
-                          f"{tuned['steady']:7.1f} {tuned_peak >> 10:5d} {tuned_rss >> 10:5d} "
-                          f"{tuned['adjust']:4d} | {r:5.2f} {st:5.2f} {m:5.2f} | "
+                          f"{best_rss >> 10:5d} {best['cpu_ms']:5.3f} {best['wait']:5.1%} | "
+                          f"{tuned_s:>11} {tuned['rate']:7.1f} {tuned['steady']:7.1f} "
+                          f"{tuned_peak >> 10:5d} {tuned_rss >> 10:5d} {tuned['cpu_ms']:5.3f} "
+                          f"{tuned['wait']:5.1%} {tuned['adjust']:4d} | {r:5.2f} {st:5.2f} {m:5.2f} | "
                           f"{each[0]:.2f}..{each[-1]:.2f}")
                     sys.stdout.flush()
                     assert all(b["peak"] <= b["cap"] for b in tuned_runs)

@@ -86,11 +86,12 @@ def test_work_on_the_cpu_gets_no_more_threads_than_cpus() -> None:
 def test_one_interval_of_a_little_wait_costs_no_memory() -> None:
     t = Tuner(max_threads=8, max_window=64)
     f = Feed(t)
-    assert not f.run(rate=200.0, wait=0.1, busy=0.3) and t.window == 1, t.last_reason
+    assert not f.run(rate=200.0, wait=0.08, busy=0.3) and t.window == 1, t.last_reason
     assert t.last_reason.startswith("watching"), t.last_reason
     assert not f.run(rate=200.0, wait=0.0, busy=0.3) and t.window == 1
-    assert not f.run(rate=200.0, wait=0.1, busy=0.3) and t.window == 1
-    assert f.run(rate=200.0, wait=0.1, busy=0.3) and t.window == 2, t.last_reason
+    assert not f.run(rate=200.0, wait=0.08, busy=0.3) and t.window == 1
+    # the consumer waits again: over both intervals it waited more than 5%
+    assert f.run(rate=200.0, wait=0.08, busy=0.3) and t.window == 2, t.last_reason
 
 
 def test_an_increase_that_does_not_pay_is_undone_and_not_retried_at_once() -> None:
@@ -293,3 +294,14 @@ def test_cpu_bound_gathers_still_grow_by_doubling() -> None:
     t.start(s)
     s = _io(s, dt=0.2, rate=240, wait=0.95, threads=1, gather=0.004, gather_cpu=0.0039)
     assert t.step(s) and t.threads == 2, t.last_reason
+
+
+def test_a_step_that_halves_the_consumers_wait_is_kept_at_a_flat_rate() -> None:
+    t = Tuner(max_threads=8, max_window=64, cores=2)
+    f = Feed(t)
+    assert f.run(rate=200.0, wait=0.3, busy=0.3) and t.prefetch == 1, t.last_reason
+    assert not f.run(rate=200.0, wait=0.04, busy=0.3) and t.prefetch == 1, t.last_reason
+    u = Tuner(max_threads=8, max_window=64, cores=2)
+    g = Feed(u)
+    assert g.run(rate=200.0, wait=0.3, busy=0.3) and u.prefetch == 1
+    assert g.run(rate=200.0, wait=0.2, busy=0.3) and u.prefetch == 0, u.last_reason  # undone

@@ -19,8 +19,9 @@ Signals, measured over an interval of at least ``min_batches`` delivered batches
 
 Decisions, one per interval:
 
-* the consumer waits (``wait > WAIT_HIGH``) in two intervals running, or once by
-  ``WAIT_STRONG`` or more (a noisy interval alone never costs memory), and the workers are busy:
+* the consumer waits (``wait > WAIT_HIGH``) on average over this interval and the one before,
+  and in this one, or ``WAIT_STRONG`` or more in one (a noisy interval alone never costs
+  memory), and the workers are busy:
   more threads, toward the parallelism the measured per-batch work needs (``work per batch /
   consumer time per batch``), at most doubling; the workers are not busy, busy at the thread
   ceiling, or their last added thread did not pay: more prefetch, one batch, or doubling while
@@ -38,7 +39,7 @@ Decisions, one per interval:
   much prefetch as threads. Such steps are kept unless the rate fell (``FELL``), a jump when the
   rate reached ``HOLDS`` of its prediction;
 * every increase is checked on the next interval: when the rate did not rise by ``GAIN`` or
-  more, it is undone (both knobs, when it moved both) and that knob is not raised again for a
+  more and the consumer's wait did not halve (or fall under ``WAIT_LOW``), it is undone (both knobs, when it moved both) and that knob is not raised again for a
   cooldown that doubles on each failure (hysteresis: no oscillating between two settings);
 * the consumer has not waited (``wait < WAIT_LOW``) for ``CALM`` intervals: one step down, the
   prefetch first, then a thread when the others could carry its work, to give memory back; a
@@ -57,8 +58,8 @@ __all__ = ["Signals", "Tuner", "tune_max_threads"]
 
 WAIT_HIGH = 0.05  # the consumer waited this share of the time or more: the loader limits it
 WAIT_LOW = 0.01  # below this share the consumer is not held up
-WAIT_STRONG = 0.25  # a wait this large is acted on at once; a smaller one only when the interval
-# before waited too (one noisy interval of a loaded machine must not cost memory)
+WAIT_STRONG = 0.25  # a wait this large is acted on at once; a smaller one only when the mean of
+# this interval and the one before passes WAIT_HIGH (one noisy interval must not cost memory)
 GAIN = 0.02  # an increase must raise the delivered rate by this much to be kept (an extra
 # thread costs one batch of memory; a missing one costs throughput: in doubt, keep it)
 CALM = 3  # intervals without waiting before a step down
@@ -120,6 +121,7 @@ class _Move:
     other: int  # the other knob's value before (a step may move both: undoing restores both)
     rate_before: float
     up: bool
+    wait_before: float = 0.0  # the consumer's wait share before the step
     predicted: float = 0.0  # a Little's-law jump's predicted rate (0: a plain step)
     signalled: bool = False  # taken on a direct signal (the window blocked the dispatcher)
 
@@ -152,7 +154,7 @@ class Tuner:
         self._last: Signals | None = None
         self._move: _Move | None = None
         self._calm = 0
-        self._waited = False  # the last interval's consumer waited (> WAIT_HIGH)
+        self._prev_wait = 0.0  # the interval before's wait share
         self._cool_until = {"threads": 0.0, "prefetch": 0.0, "down": 0.0}
         self._cool_s = {"threads": COOLDOWN_S, "prefetch": COOLDOWN_S, "down": COOLDOWN_S}
         self.rate = 0.0
@@ -228,6 +230,7 @@ class Tuner:
     def _decide(self, now: float, capped: float, ram_blocked: bool, work: float,
                 own: float, off: float = 0.0, cpu: float = 0.0) -> None:
         move, self._move = self._move, None
+        prev, self._prev_wait = self._prev_wait, self.wait
         if move is not None and self._judge(move, now):
             return
         if ram_blocked and self.prefetch > 0:
@@ -236,14 +239,13 @@ class Tuner:
             return
         if self.wait > WAIT_HIGH:
             self._calm = 0
-            waited, self._waited = self._waited, True
-            if self.wait >= WAIT_STRONG or waited:
+            if self.wait >= WAIT_STRONG or (self.wait + prev) / 2 > WAIT_HIGH:
                 self._grow(now, capped, work, own, off, cpu)
             else:
-                self.last_reason = (f"watching: the consumer waited {self.wait:.1%}, once (a "
-                                    f"step needs it twice, or over {WAIT_STRONG:.0%})")
+                self.last_reason = (f"watching: the consumer waited {self.wait:.1%}, "
+                                    f"{prev:.1%} the interval before (a step needs over "
+                                    f"{WAIT_HIGH:.0%} over both, or {WAIT_STRONG:.0%} in one)")
             return
-        self._waited = False
         if self.wait < WAIT_LOW:
             self._calm += 1
             if self._calm >= CALM:
@@ -263,7 +265,10 @@ class Tuner:
             held = move.predicted > 0 and self.rate >= HOLDS * move.predicted and \
                 self.rate >= move.rate_before
             held = held or (move.signalled and self.rate >= move.rate_before * (1 - FELL))
-            if gained or held or self.wait < WAIT_LOW:
+            # a consumer that waits half as much is what the step is for, whatever the rate
+            # (a slow consumer's rate moves by less than the noise when its waits shrink)
+            eased = self.wait < WAIT_LOW or self.wait <= move.wait_before / 2
+            if gained or held or eased:
                 return False
             why = (f"{move.knob} {getattr(self, move.knob)} -> {move.before}: the rate went "
                    f"{move.rate_before:.1f} -> {self.rate:.1f} batches/s (< +{GAIN:.0%})")
@@ -400,7 +405,7 @@ class Tuner:
             other = getattr(self, "prefetch" if knob == "threads" else "threads")
         setattr(self, knob, value)
         self._clamp()
-        self._move = _Move(knob, before, other, self.rate, up)
+        self._move = _Move(knob, before, other, self.rate, up, wait_before=self.wait)
         self.adjustments += 1
         self.last_reason = f"{knob} {before} -> {getattr(self, knob)}: {why}"
 
