@@ -363,3 +363,23 @@ def test_video_index_fps_policy_is_mx8s_string(tmp_path):
         mx8._internal.video_index_build(str(vids), fps_policy=" ")
     with pytest.raises(ConfigError, match=r"fps_policy='fixed_fps:abc' names no frame rate"):
         mx8._internal.video_index_build(str(vids), fps_policy="fixed_fps:abc")
+
+
+def test_video_stats_carry_mx8s_names_for_what_is_measured(tmp_path):
+    from pathlib import Path
+
+    write_video(str(tmp_path / "v" / "a.mp4"), 40, fps=8)
+    ld = mx8.video(str(tmp_path / "v"), clip=4, stride=8, fps=8, batch=2)
+    first = next(ld)
+    s = ld.stats()
+    wheel = (Path(real.__file__).parent / "mx8.abi3.so").read_bytes()
+    mx8_names = [k for k in s if k.startswith(("video_", "clips_", "bytes_per"))
+                 and k.encode() in wheel]
+    assert len(mx8_names) >= 20  # the names are the wheel's own
+    assert [s[f"video_stride_{c}"] for c in "thwc"] == first.strides
+    assert (s["video_layout"], s["video_dtype"], s["video_channels"]) == ("thwc", "u8", 3)
+    assert s["clips_total"] == ld.clip_count == 5 and s["bytes_per_clip"] == first.offsets[1]
+    # decoding runs ahead of delivery (prefetch): counted when decoded, as mx8's counters
+    assert s["video_delivered_samples_total"] == 2 <= s["video_decode_succeeded_clips_total"]
+    assert s["video_decode_attempted_clips_total"] == s["video_decode_succeeded_clips_total"]
+    assert s["video_decode_failed_total"] == 0

@@ -226,6 +226,29 @@ class VideoDataLoader(_Wrapped):
     def clip_count(self) -> int:
         return int(self._inner.clip_count)
 
+    def stats(self) -> dict[str, Any]:
+        """headrace's video stats plus mx8's ``video_*`` names for what is measured here (the
+        layout facts, clip geometry and counts, delivered and decode counters; mx8's GPU,
+        backend-fallback and S3-range keys have no counterpart: PyAV decodes on the CPU)."""
+        s = _mx8_stats(self._inner.stats())
+        h, w = int(s.get("video_frame_height", 0)), int(s.get("video_frame_width", 0))
+        decoded = int(s.get("video_clips_decoded_total", 0))
+        failed = int(s.get("video_decode_failures_total", 0))
+        s.update(video_layout="thwc", video_dtype="u8", video_channels=3,
+                 video_decode_backend="pyav", video_stride_t=h * w * 3, video_stride_h=w * 3,
+                 video_stride_w=3, video_stride_c=1,
+                 bytes_per_clip=s.get("video_bytes_per_clip"),
+                 clips_total=s.get("video_clip_count"),
+                 video_delivered_batches_total=s.get("delivered_batches_total", 0),
+                 video_delivered_samples_total=s.get("delivered_samples_total", 0),
+                 video_delivered_bytes_total=s.get("delivered_bytes_total", 0),
+                 video_decode_attempted_clips_total=decoded + failed,
+                 video_decode_succeeded_clips_total=decoded, video_decode_failed_total=failed)
+        for kind in ("corrupt_media", "short_media", "unsupported_codec", "missing_stream"):
+            if f"video_{kind}_total" in s:
+                s[f"video_decode_failed_{kind}_total"] = s[f"video_{kind}_total"]
+        return s
+
     @property
     def frames_per_clip(self) -> int:
         return int(self._inner.frames_per_clip)
