@@ -383,3 +383,16 @@ def test_video_stats_carry_mx8s_names_for_what_is_measured(tmp_path):
     assert s["video_delivered_samples_total"] == 2 <= s["video_decode_succeeded_clips_total"]
     assert s["video_decode_attempted_clips_total"] == s["video_decode_succeeded_clips_total"]
     assert s["video_decode_failed_total"] == 0
+
+
+def test_an_mx8_text_token_resumes_where_mx8_resumes(text_pack, tok_path, tmp_path):
+    kw = dict(tokenizer=tok_path, seq_len=4, stride=4, batch=2)
+    ref = real.text(str(text_pack / "pk"), store=str(tmp_path / "ms"), **kw)
+    next(ref)
+    token = ref.checkpoint()
+    assert b"kind=data_loader" in token and b"next_sample_id=2" in token
+    want = list(real.text(str(text_pack / "pk"), store=str(tmp_path / "ms"), resume=token, **kw))
+    got = list(mx8.text(str(text_pack / "pk"), resume=token, **kw))
+    assert len(got) == len(want) > 0
+    for g, w in zip(got, want, strict=True):
+        _same_tensors(g.to_torch(), w.to_torch())
