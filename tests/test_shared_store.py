@@ -195,3 +195,28 @@ def test_a_dropped_loader_gives_its_store_back(tmp_path, settled):
     again = headrace.load(str(tmp_path / "s"), batch=16)
     assert again.source.store is store
     assert sum(len(x) for x, _ in _read(again)) == N
+
+
+_PATH_KINDS = {
+    "Loader": lambda p: headrace.Loader(p, batch=16, order="shuffle", seed=3, epochs=1),
+    "load": lambda p: headrace.load(p, batch=16, shuffle=True, seed=3),
+    "DistributedDataLoader": lambda p: headrace.DistributedDataLoader(p, batch=16, seed=3),
+    "run": lambda p: headrace.run(p, batch=16, seed=3),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_PATH_KINDS))
+def test_every_loader_built_from_a_path_reuses_the_unchanged_store(tmp_path, settled, kind):
+    _pack(tmp_path / "s")
+    time.sleep(0.05)
+    path = str(tmp_path / "s")
+    key = (os.path.realpath(path), "first")
+    make = _PATH_KINDS[kind]
+    with make(path) as first:
+        a = [b["x"].copy() for _, b in zip(range(4), first, strict=False)]
+    store = shared_store._entries[key].store
+    with make(path) as second:  # a loader built again (say, each epoch) maps and checks it once
+        assert shared_store._entries[key].store is store
+        b = [b["x"].copy() for _, b in zip(range(4), second, strict=False)]
+    assert all((x == y).all() for x, y in zip(a, b, strict=True))
+    assert "closed" not in repr(store)

@@ -59,7 +59,8 @@ from headrace._order.byte_plan import BytePlan
 from headrace._order.make import make_order
 from headrace._order.order import Mode, Order
 from headrace._order.plan import BatchPlan, Step
-from headrace._sources.base import Source, open_source, payload_nbytes, record_sizes
+from headrace._sources.base import Source, payload_nbytes, record_sizes
+from headrace._sources.shared_store import open_data
 
 __all__ = ["Loader"]
 
@@ -729,7 +730,7 @@ class Loader:
                                    queue=queue, prefetch=prefetch, threads=threads,
                                    constraints=constraints, runtime=runtime)
         opened = not isinstance(source, Source)
-        self.source: Source = open_source(source) if opened else source
+        self.source: Source = open_data(source) if opened else source
         self._owns_source = opened if close_source is None else close_source
         try:
             if len(self.source) == 0:

@@ -133,10 +133,11 @@ class DistributedDataLoader(InnerState, TimelineMixin):
         tune = _one("tune", loader_kwargs.pop("tune", None), "autotune", autotune)
         self.launch: Launch = detect(rank=rank, world_size=world_size, local_rank=local_rank)
         from headrace._engine.loader import Loader
-        from headrace._sources.base import Source, open_source
+        from headrace._sources.base import Source
+        from headrace._sources.shared_store import open_data
 
         owned = not isinstance(data, Source)
-        source = open_source(data) if owned else data
+        source = open_data(data) if owned else data
         try:
             if seed is None:
                 seed_proposal: int | None = secrets.randbits(63)

@@ -33,7 +33,7 @@ from headrace._sources import base as _base
 from headrace._sources.base import StoreSource
 from headrace._store import format as _format
 
-__all__ = ["SharedStoreSource", "open_shared", "opens_as_store", "shared_count"]
+__all__ = ["SharedStoreSource", "open_data", "open_shared", "opens_as_store", "shared_count"]
 
 _SETTLE_NS = 2_000_000_000  # files changed this shortly before the open: not reused
 _IDLE_MAX = 2
@@ -147,6 +147,15 @@ def opens_as_store(data: Any) -> bool:
             if e.name != module:
                 raise
     return _base._match(data) is _base._open_store
+
+
+def open_data(data: Any) -> Any:
+    """``open_source(data)``, except that a local store path gives the store this process already
+    opened there while its files are unchanged: a loader built per epoch (or per rank wrapper)
+    then maps, scans and checksums the store once, as one over a kept ``Store`` does."""
+    if opens_as_store(data):
+        return open_shared(data)
+    return _base.open_source(data)
 
 
 def open_shared(path: str | os.PathLike[str], *, fields: list[str] | str | None = None,
