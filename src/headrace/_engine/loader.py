@@ -120,7 +120,9 @@ class _Engine:
         self.window = cfg.window_batches if tuner is None else tuner.window
         self.budget = budget
         self.counters = counters
-        self.lock = threading.Lock()
+        # Reentrant only so that the consumer can tell whether it holds it: a Ctrl-C that lands
+        # while ``Condition.wait`` takes the lock back leaves it untaken (see _consumer_wait).
+        self.lock = threading.RLock()
         self.ready_cv = threading.Condition(self.lock)  # the consumer waits here
         self.space_cv = threading.Condition(self.lock)  # the dispatching worker waits here
         self.park_cv = threading.Condition(self.lock)  # workers past ``active`` wait here
@@ -140,6 +142,12 @@ class _Engine:
         # A step taken from the plan whose bytes could not be reserved without waiting (by the
         # consumer's inline dispatch): the next dispatcher starts from it, so no step is skipped.
         self._pending: Step | None = None
+        # The batch the consumer reserved for itself (inline dispatch, or a retry it took back
+        # from ``ready``) and has not posted yet. A Ctrl-C can land anywhere in the consumer's
+        # code; ``take`` puts such a batch back in ``ready`` to be gathered again, so a batch that
+        # was reserved is never lost (it would hold the window and the consumer would wait for it
+        # forever). Set and cleared only by straight runs of stores, which no signal splits.
+        self.inline_task: _Result | None = None
         # threads do not survive fork(): a child must build its own (see _forks)
         self.forks = _FORKS[0]
         self.consumer_waits = False  # the consumer is in ready_cv.wait (under lock)
@@ -261,10 +269,19 @@ class _Engine:
                 raise ConfigError(f"batch {k} would need {nbytes} bytes; source.nbytes and "
                                   "transform_nbytes must return sizes >= 0")
             self.budget.check_fits(nbytes, what=f"batch {k} ({len(ids)} records)")
+            result = _Result(k, ids, nbytes, step.after,
+                             epoch=step.start // self.length if self.length else 0)
             if not wait:
                 if not self._ram_room(nbytes) or not self.budget.acquire(nbytes, timeout_s=0.0):
                     self._pending = step
                     return None
+                # stores only, no call between them: the consumer's reservation is either all
+                # made and known as its own (``inline_task``), or not made at all
+                # (and, as no thread switch splits them either, ``reserved`` needs no lock here)
+                self.inline_task = result
+                self.next_dispatch = k + 1
+                self.reserved += nbytes
+                return result
             elif not self._wait_ram(nbytes) or not self.budget.acquire(nbytes):
                 return None  # closed while waiting
         except BaseException as e:  # posted in order: the consumer raises it at batch k
@@ -278,8 +295,7 @@ class _Engine:
         with self.lock:
             self.next_dispatch = k + 1
             self.reserved += nbytes
-        epoch = step.start // self.length if self.length else 0
-        return _Result(k, ids, nbytes, step.after, epoch=epoch)
+        return result
 
     # -- workers ---------------------------------------------------------------------------------
 
@@ -383,6 +399,8 @@ class _Engine:
             if self.closed:  # e.g. a consumer's inline gather that close() overtook: drop it
                 return
             self.ready[result.k] = result
+            if self.inline_task is result:  # posted: no longer the consumer's to recover
+                self.inline_task = None
             if len(self.ready) > self.counters.queue_high_water:
                 self.counters.queue_high_water = len(self.ready)
             if result.error is not None and result.where == "dispatcher":
@@ -440,11 +458,19 @@ class _Engine:
             inline = False
             rerun: _Result | None = None
             with self.lock:
+                orphan = self.inline_task
+                if orphan is not None:  # a Ctrl-C came between its reservation and its post
+                    self.inline_task = None
+                    if orphan.k not in self.ready and not self.closed:
+                        orphan.retry, orphan.where, orphan.error = True, "worker", None
+                        self.ready[orphan.k] = orphan
                 k = self.next_deliver
                 result = self.ready.get(k)
                 if result is not None:
                     if result.retry:
-                        rerun = self.ready.pop(k)
+                        rerun = result
+                        self.inline_task = rerun  # ours again until it is posted
+                        del self.ready[k]
                     else:
                         del self.ready[k]
                         self.next_deliver = k + 1
@@ -461,7 +487,7 @@ class _Engine:
                     tried_inline = False
                     self._wait_locked(k, ram_wait_s)
             if rerun is not None:  # interrupted before: this batch is still reserved
-                rerun.retry = False
+                rerun.retry, rerun.error = False, None
                 self._run(rerun, self.busy[-1], inline=True)
             elif inline:
                 tried_inline = not self._inline()
@@ -491,6 +517,12 @@ class _Engine:
         self.consumer_waits = True
         try:
             return self.ready_cv.wait(timeout)
+        except BaseException:
+            # A Ctrl-C while the wait re-took the lock leaves it untaken; the caller's ``with``
+            # would then release a lock it does not hold (RuntimeError instead of the Ctrl-C).
+            if not self.lock._is_owned():  # type: ignore[attr-defined]
+                self.lock.acquire()
+            raise
         finally:
             self.consumer_waits = False
 
