@@ -124,7 +124,9 @@ class _Engine:
         # while ``Condition.wait`` takes the lock back leaves it untaken (see _consumer_wait).
         self.lock = threading.RLock()
         self.ready_cv = threading.Condition(self.lock)  # the consumer waits here
-        self.space_cv = threading.Condition(self.lock)  # the dispatching worker waits here
+        self.space_cv = threading.Condition(self.lock)  # workers wait here for room
+        self.dispatch_cv = threading.Condition(self.lock)  # the dispatch_lock holder waits here
+        self.dispatcher_waits = False  # the dispatch_lock holder is in dispatch_cv.wait (locked)
         self.park_cv = threading.Condition(self.lock)  # workers past ``active`` wait here
         self.dispatch_lock = threading.Lock()
         self.ready: dict[int, _Result] = {}
@@ -217,23 +219,33 @@ class _Engine:
         A worker waits for room in the window before it takes ``dispatch_lock``: the others then
         wait on the same condition, and the consumer's one ``notify`` per delivered batch wakes
         one worker, instead of waking the lock holder, whose release then wakes the next worker
-        only for it to wait on the window again.
+        only for it to wait on the window again. The lock holder, when it must wait for room
+        too, waits on ``dispatch_cv``, which a delivery notifies first: a notify given to a
+        worker outside the lock instead would leave the holder asleep and that worker blocked on
+        the lock, with the window open and nothing dispatched.
         """
         with self.lock:
-            self._wait_window()
+            self._wait_window(self.space_cv)
         with self.dispatch_lock:
             return self._dispatch(wait=True)
 
-    def _wait_window(self) -> None:
-        """Wait (locked) until the window has room for the next batch, or the engine stops."""
+    def _wait_window(self, cv: threading.Condition) -> None:
+        """Wait (locked) on ``cv`` until the window has room for the next batch, or the engine
+        stops. ``dispatch_cv`` is the ``dispatch_lock`` holder's; it sets ``dispatcher_waits``,
+        which the delivery that notifies it clears."""
+        holder = cv is self.dispatch_cv
         while (not self.closed and self.end_k is None
                and self.next_dispatch - self.next_deliver >= self.window):
             w0 = time.monotonic()
             self.idle_workers += 1
+            if holder:
+                self.dispatcher_waits = True
             try:
-                self.space_cv.wait()
+                cv.wait()
             finally:
                 self.idle_workers -= 1
+                if holder:
+                    self.dispatcher_waits = False
             self.window_wait_s += time.monotonic() - w0
 
     def _dispatch(self, *, wait: bool) -> _Result | None:
@@ -246,7 +258,7 @@ class _Engine:
         with self.lock:
             k = self.next_dispatch
             if wait:
-                self._wait_window()
+                self._wait_window(self.dispatch_cv)
             elif k - self.next_deliver >= self.window:
                 return None
             if self.closed or self.end_k is not None:
@@ -334,6 +346,7 @@ class _Engine:
             self.window = max(1, window)
             self.park_cv.notify_all()
             self.space_cv.notify_all()
+            self.dispatch_cv.notify_all()
 
     def busy_seconds(self) -> float:
         """Gather and transform seconds of the workers and of the consumer's own gathers."""
@@ -406,6 +419,7 @@ class _Engine:
             if result.error is not None and result.where == "dispatcher":
                 self.end_k = result.k + 1  # nothing after a failed dispatch
                 self.space_cv.notify_all()
+                self.dispatch_cv.notify_all()
             if self.consumer_waits and (result.k == self.next_deliver or self.end_k is not None):
                 self.ready_cv.notify()
 
@@ -475,7 +489,10 @@ class _Engine:
                         del self.ready[k]
                         self.next_deliver = k + 1
                         self.reserved -= result.nbytes
-                        if self.idle_workers or self.ram_blocked_since is not None:
+                        if self.dispatcher_waits:  # the one worker that can dispatch now
+                            self.dispatcher_waits = False
+                            self.dispatch_cv.notify()
+                        elif self.idle_workers or self.ram_blocked_since is not None:
                             self.space_cv.notify()  # a worker waits for this room
                         break
                 elif self.closed or (self.end_k is not None and k >= self.end_k):
@@ -540,6 +557,7 @@ class _Engine:
             self.closed = True
             self.ready_cv.notify_all()
             self.space_cv.notify_all()
+            self.dispatch_cv.notify_all()
             self.park_cv.notify_all()
         self.budget.close()
         me = threading.current_thread()
