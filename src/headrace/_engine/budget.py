@@ -73,13 +73,13 @@ class ByteBudget:
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         self.check_fits(nbytes)
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cv:
             if self._closed:
                 return False
             if not self._queue and self._allowed(nbytes):
                 self._take(nbytes)
                 return True
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
             ticket = self._next_ticket
             self._next_ticket += 1
             self._queue.append(ticket)

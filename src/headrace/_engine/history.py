@@ -7,8 +7,10 @@ beside the model resumes past batches the model never saw. ``loader.checkpoint(a
 token that resumes at delivered batch ``i`` (counted from 0 since the loader was built;
 ``loader.delivered`` is how many it has delivered), for the last :data:`KEEP` batches.
 
-Each ``next()`` keeps the loader's token from just before it (a loader's ``checkpoint()`` costs
-about two microseconds: an encoder cached per loader).
+Each ``next()`` keeps the loader's token from just before it. A loader with a ``_token_mark()``
+keeps a mark instead, ``(encode, *args)``, and the token ``encode(*args)`` is made only when
+``checkpoint(at=)`` asks for it: ``headrace.Loader``'s mark is its cached encoder and two
+integers, so a loop that never asks pays no encoding per batch.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ class TokenLog:
 
     def __init__(self) -> None:
         self.count = 0
-        self.tokens: deque[bytes | None] = deque(maxlen=KEEP)
+        # a token, a mark (encode, *args) not yet encoded, or None (the loader had no token)
+        self.tokens: deque[Any] = deque(maxlen=KEEP)
 
 
 def _log(obj: Any) -> TokenLog:
@@ -49,12 +52,13 @@ def tracked(next_fn: F) -> F:
 
     @functools.wraps(next_fn)
     def __next__(self: Any) -> Any:
+        mark = getattr(self, "_token_mark", None)
         try:
-            before: bytes | None = self.checkpoint()
+            before: Any = self.checkpoint() if mark is None else mark()
         except HeadraceError:  # closed, say: __next__ raises its own error
             before = None
         out = next_fn(self)
-        log = _log(self)
+        log = self.__dict__.get("_token_log") or _log(self)
         log.tokens.append(before)
         log.count += 1
         return out
@@ -87,4 +91,7 @@ def token_at(obj: Any, at: Any) -> bytes:
     if tok is None:
         raise CheckpointError(f"checkpoint(at={at}): the loader had no token then (it was "
                               "closed)")
+    if type(tok) is tuple:  # a mark: encoded now, once
+        tok = tok[0](*tok[1:])
+        log.tokens[at - oldest] = tok
     return tok

@@ -73,7 +73,11 @@ _RAM_WAIT_S = 5.0  # how long next() waits on an over-cap process before raising
 _LIVENESS_S = 1.0  # while next() waits, check this often that some worker is still alive
 
 
-@dataclass
+_NO_IDS = np.empty(0, np.int64)
+_NO_IDS.flags.writeable = False
+
+
+@dataclass(slots=True)
 class _Result:
     k: int
     ids: np.ndarray
@@ -271,7 +275,7 @@ class _Engine:
                 self.end_k = k
                 self.ready_cv.notify_all()
             return None
-        ids = np.empty(0, np.int64)
+        ids = _NO_IDS
         try:
             ids = self._ids(step)
             nbytes = int(self.source.nbytes(ids))
@@ -280,7 +284,11 @@ class _Engine:
             if nbytes < 0:
                 raise ConfigError(f"batch {k} would need {nbytes} bytes; source.nbytes and "
                                   "transform_nbytes must return sizes >= 0")
-            self.budget.check_fits(nbytes, what=f"batch {k} ({len(ids)} records)")
+            try:  # the message naming the batch is built only when it is raised
+                self.budget.check_fits(nbytes)
+            except ConfigError:
+                self.budget.check_fits(nbytes, what=f"batch {k} ({len(ids)} records)")
+                raise
             result = _Result(k, ids, nbytes, step.after,
                              epoch=step.start // self.length if self.length else 0)
             if not wait:
@@ -1150,11 +1158,18 @@ class Loader:
         """
         if at is not None:
             return token_at(self, at)
+        encode, pos, epoch = self._token_mark()
+        return encode(pos, epoch)
+
+    def _token_mark(self) -> tuple[Callable[[int, int], bytes], int, int]:
+        """``(encode, position, epoch)``: ``encode(position, epoch)`` is ``checkpoint()`` now.
+        Each ``next()`` keeps one (``history.tracked``) and encodes it only if asked."""
         fp = self.source.fingerprint
-        if self._ckpt is None or self._ckpt[0] != fp:  # serialize the constant part once
-            self._ckpt = (fp, _checkpoint.encoder(self._state(self._position)))
+        ck = self._ckpt
+        if ck is None or ck[0] != fp:  # serialize the constant part once
+            ck = self._ckpt = (fp, _checkpoint.encoder(self._state(self._position)))
         pos, n = self._position, self.length
-        return self._ckpt[1](pos, pos // n if n else self._first_epoch)
+        return ck[1], pos, pos // n if n else self._first_epoch
 
     @property
     def delivered(self) -> int:

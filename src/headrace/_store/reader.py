@@ -125,6 +125,19 @@ def record_ids(indices: Any, n: int) -> np.ndarray:
     return idx
 
 
+def _run_start(ids: np.ndarray) -> int:
+    """The first of ``ids`` when they are consecutive increasing ints ``a, a + 1, ...`` with
+    ``a >= 0`` (a sequential order's batch), else -1. Distinct increasing ints spanning
+    ``n - 1`` are such a run; the ends are compared first, so other batches cost two reads."""
+    n = len(ids)
+    if not n:
+        return -1
+    a = int(ids[0])
+    if a < 0 or int(ids[-1]) - a != n - 1:
+        return -1
+    return a if n == 1 or bool(_ALL(ids[1:] > ids[:-1])) else -1
+
+
 def _out_of_range(idx: np.ndarray, n: int) -> None:
     bad = (idx < 0) | (idx >= n)
     first = int(idx[np.argmax(bad)])
@@ -315,12 +328,21 @@ class Store:
         key = fields
         plan = self._plans.get(key)
         if plan is not None and plan.snapshot is st:
-            idx = record_ids(indices, st.meta.length)
+            n = st.meta.length
+            idx = (indices if type(indices) is np.ndarray and indices.dtype == _INT64
+                   and indices.ndim == 1 else record_ids(indices, n))
+            # One look at the ids serves every field: a run of consecutive ids (a sequential
+            # order's batch) is bounds-checked by its ends and copied as one block per field;
+            # any other ids by one reduction, then a take per field.
+            run = _run_start(idx)
+            if (run < 0 or run + len(idx) > n) and len(idx) and int(_MAX(idx.view(_UINT64))) >= n:
+                _out_of_range(idx, n)
             # "clip" never clips (the layout scan proved every row in range) and, unlike the
             # default "raise", skips a per-index bounds check; None: identity, nothing to call
             take = self._take
-            return {name: (take(vrows, idx if rows is None else rows(idx)) if view is None
-                           else view(take(vrows, idx if rows is None else rows(idx))))
+            return {name: (take(vrows, idx, run) if rows is None else take(vrows, rows(idx)))
+                    if view is None else
+                    view(take(vrows, idx, run) if rows is None else take(vrows, rows(idx)))
                     for name, vrows, rows, view in plan.fields}
         idx = record_ids(indices, st.meta.length)
         names = pick_fields(fields, st.fields)
@@ -329,19 +351,17 @@ class Store:
             self._plan_steady(st, key, names)
         return out
 
-    def _take(self, vrows: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    def _take(self, vrows: np.ndarray, rows: np.ndarray, run: int | None = None) -> np.ndarray:
         """``vrows[rows]`` into a recycled array when one is free. ``"clip"`` never clips (the
         layout scan proved every row in range) and, unlike the default ``"raise"``, skips a
-        per-index bounds check and writes straight into ``out``."""
+        per-index bounds check and writes straight into ``out``. ``run``: ``_run_start(rows)``
+        when the caller has it already."""
         n = len(rows)
         out = self._recycler.empty((n, *vrows.shape[1:]), vrows.dtype)
-        if n > 1:
-            a = int(rows[0])
-            # consecutive rows (a sequential order's batch): one copy of the run, not a take
-            # that indexes row by row; distinct increasing ints spanning n - 1 are the run
-            if int(rows[-1]) - a == n - 1 and bool(_ALL(rows[1:] > rows[:-1])):
-                np.copyto(out, vrows[a:a + n])
-                return out
+        a = _run_start(rows) if run is None else run
+        if a >= 0:  # consecutive rows: one copy of the run, not a take that indexes row by row
+            np.copyto(out, vrows[a:a + n])
+            return out
         return vrows.take(rows, axis=0, mode="clip", out=out)
 
     def _plan_steady(self, st: Snapshot, key: Any, names: list[str]) -> None:
