@@ -86,6 +86,17 @@ def _wait_for(pred, timeout_s=5.0):
 
 
 @pytest.mark.parametrize("queue", [1, 2, 3])
+@pytest.mark.parametrize("threads", [3, 4])
+def test_more_workers_than_the_window_deliver_every_batch(queue, threads):
+    """Workers past the window wait for room, one of them holding the dispatch lock: every
+    delivery must wake that one (a wake given to another left it asleep and the loader hung)."""
+    data = np.arange(2000)
+    with headrace.Loader({"x": data}, batch=2, queue=queue, threads=threads, prefetch=8) as ld:
+        got = np.concatenate([b["x"] for b in ld])
+    np.testing.assert_array_equal(got, data)
+
+
+@pytest.mark.parametrize("queue", [1, 2, 3])
 def test_batches_in_flight_never_pass_queue_and_reach_it(queue):
     with headrace.Loader({"x": np.arange(400)}, batch=2, queue=queue, threads=4,
                          prefetch=8) as ld:
