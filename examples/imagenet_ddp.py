@@ -116,10 +116,15 @@ def main() -> None:
                 torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                             "epoch": epoch, "step": step,
                             "loader": train_loader.state_dict()}, ckpt_path)
-                train_loader.close()
-                dist.destroy_process_group()
-                return
+                break
+        else:
+            continue
+        break
     train_loader.close()
+    # Both ranks finish their last all-reduce, then DDP's reducer (which owns gloo work threads)
+    # goes before the group: a process that exits with them alive aborts in C++ teardown.
+    dist.barrier()
+    del model, opt
     dist.destroy_process_group()
 
 
