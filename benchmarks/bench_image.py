@@ -57,6 +57,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from _memory import AnonPeak, status_mb
+
 OUT = (224, 224)
 BATCH = 64
 PEERS = ["headrace-default", "headrace", "headrace-linear", "headrace-fulldecode",
@@ -299,38 +301,6 @@ RUNNERS = {"headrace-default": run_headrace_default, "headrace": run_headrace,
 DEFAULTS = ("mx8-default", "torch", "grain")
 
 
-def _rss_mb(field: str) -> float:
-    """VmHWM (peak) or VmRSS of this process; not ru_maxrss, which Linux carries across exec, so
-    a child would report its parent's peak."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-class _AnonPeak:
-    """Samples this process's anonymous RSS (``RssAnon``: what it allocated, not the page cache
-    it mapped) every 10 ms and keeps the peak."""
-
-    def __init__(self) -> None:
-        import threading
-
-        self.peak_mb = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.01):
-            self.peak_mb = max(self.peak_mb, _rss_mb("RssAnon"))
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._thread.join()
-        return max(self.peak_mb, _rss_mb("RssAnon"))
-
-
 def _cpu_s() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # torch's workers, once joined
@@ -344,8 +314,8 @@ def child(a: argparse.Namespace) -> None:
 
     import headrace  # noqa: F401
 
-    base_rss, base_anon = _rss_mb("VmRSS"), _rss_mb("RssAnon")
-    anon = _AnonPeak()
+    base_rss, base_anon = status_mb("VmRSS"), status_mb("RssAnon")
+    anon = AnonPeak()
     a.cap_mb = None
     best = best_cpu = float("inf")
     n = 0
@@ -357,7 +327,7 @@ def child(a: argparse.Namespace) -> None:
     ru_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(json.dumps({"peer": a.peer, "images": n, "seconds": best, "img_s": n / best,
                       "cpu_ms_per_img": 1e3 * best_cpu / max(n, 1),
-                      "peak_rss_mb": max(_rss_mb("VmHWM"), ru_children),
+                      "peak_rss_mb": max(status_mb("VmHWM"), ru_children),
                       "base_rss_mb": base_rss, "anon_above_mb": anon.stop() - base_anon,
                       "cap_mb": a.cap_mb}))
 

@@ -63,13 +63,13 @@ import os
 import resource
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from _memory import AnonPeak
 from _page_cache import WARM_HELP, drop_page_cache, read_files
 
 ROW_BYTES = 3_072
@@ -132,33 +132,6 @@ def _reuse_store_bench_rows(rows: int, dest: Path) -> bool:
 
 
 # --------------------------------------------------------------------------------------- peers
-
-
-class AnonPeak:
-    """Samples this process's anonymous RSS (``RssAnon``) every 10 ms and keeps the peak."""
-
-    def __init__(self) -> None:
-        self.peak_kb = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> None:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    self.peak_kb = max(self.peak_kb, int(line.split()[1]))
-                    return
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.01):
-            self._sample()
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        self._sample()
-        return self.peak_kb
 
 
 _MAPPED: tuple[np.ndarray, np.ndarray] | None = None
@@ -469,7 +442,7 @@ def serve_peer(peer: str, root: Path, rows: int) -> None:
         else:
             break
     out: dict[str, Any] = {
-        "anon_mb": anon.stop() / 1024,
+        "anon_mb": anon.stop(),
         "peak_rss_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
                         + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024}
     print(json.dumps(out), flush=True)

@@ -1,0 +1,37 @@
+"""Process memory readings shared by the benchmarks (Linux ``/proc/self/status``)."""
+
+from __future__ import annotations
+
+import resource
+import threading
+
+
+def status_mb(field: str) -> float:
+    """``VmHWM`` (peak), ``VmRSS`` or ``RssAnon`` of this process in MB; not ru_maxrss, which Linux
+    carries across exec, so a child would report its parent's peak (used only where /proc lacks it)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class AnonPeak:
+    """Samples this process's anonymous RSS (``RssAnon``: what it allocated, not the page cache it
+    mapped) every 10 ms and keeps the peak, in MB."""
+
+    def __init__(self) -> None:
+        self.peak_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            self.peak_mb = max(self.peak_mb, status_mb("RssAnon"))
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        self.peak_mb = max(self.peak_mb, status_mb("RssAnon"))
+        return self.peak_mb
