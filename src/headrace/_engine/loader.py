@@ -438,9 +438,10 @@ class _Engine:
 
         Only when that needs no wait (no worker is dispatching, and window, RAM and budget have
         room now) and every worker is busy (one waiting for room would take the batch: the
-        consumer then waits instead of gathering a later batch while its own is posted). A consumer that would otherwise sleep does the work a worker would do, so a
-        producer-bound loop pays no thread hand-off for that batch; order, caps and checkpoints
-        are unchanged (the batch is reserved and posted exactly as a worker's).
+        consumer then waits instead of gathering a later batch while its own is posted). A
+        consumer that would otherwise sleep does the work a worker would do, so a producer-bound
+        loop pays no thread hand-off for that batch; order, caps and checkpoints are unchanged
+        (the batch is reserved and posted exactly as a worker's).
         """
         if not self.dispatch_lock.acquire(blocking=False):
             return False

@@ -95,6 +95,22 @@ def _match(data: Any) -> Opener | None:
     return None
 
 
+def import_plugins() -> None:
+    """Import every plugin module that is installed, so each has registered its opener."""
+    for module in PLUGIN_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+
+
+def opener_of(data: Any) -> Opener | None:
+    """The opener ``open_source`` would use for ``data`` (plugins first), or None."""
+    import_plugins()
+    return _match(data)
+
+
 def open_source(data: Any, **options: Any) -> Source:
     """Turn ``data`` (a Source, Store, store path, array(s), or a registered kind) into a Source.
 
@@ -106,12 +122,7 @@ def open_source(data: Any, **options: Any) -> Source:
     # module registered first; see docs/images.md).
     opener = None if isinstance(data, str | os.PathLike) else _match(data)
     if opener is None:
-        for module in PLUGIN_MODULES:
-            try:
-                importlib.import_module(module)
-            except ModuleNotFoundError as e:
-                if e.name != module:
-                    raise
+        import_plugins()
         opener = _match(data)
     if opener is None:
         if isinstance(data, str | os.PathLike) and not os.path.exists(os.fspath(data)):

@@ -22,7 +22,6 @@ an older idle one is closed. A forked child starts with no shared stores.
 
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 import time
@@ -140,13 +139,7 @@ def opens_as_store(data: Any) -> bool:
     as ``open_source`` tries them)."""
     if not isinstance(data, str | os.PathLike):
         return False
-    for module in _base.PLUGIN_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-    return _base._match(data) is _base._open_store
+    return _base.opener_of(data) is _base._open_store
 
 
 def open_data(data: Any) -> Any:
