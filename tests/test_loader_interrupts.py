@@ -160,3 +160,75 @@ def test_ctrl_c_arrives_as_keyboard_interrupt_every_time():
     assert results == ["KeyboardInterrupt | continues"] * rounds, results
     assert child.returncode == 0, err
     assert "release unlocked lock" not in err
+
+
+def _slow(batch, ids):
+    time.sleep(0.005)  # the worker stays busy, so the waiting consumer gathers batches itself
+    return batch
+
+
+def _read_through_interrupts(ld):
+    got = []
+    while True:
+        try:
+            got.append(next(ld)["x"].copy())
+        except KeyboardInterrupt:
+            continue
+        except StopIteration:
+            return np.concatenate(got).tolist()
+
+
+@pytest.mark.timeout(60)
+def test_a_ctrl_c_between_the_consumers_reservation_and_its_post_loses_no_batch(monkeypatch):
+    """A Ctrl-C can land after the consumer reserved a batch for itself and before it posted it:
+    that batch is gathered again, never lost (it held the window: next() waited forever)."""
+    from headrace._engine import loader as _loader
+
+    run, hits = _loader._Engine._run, []
+
+    def interrupted(self, task, busy, *, inline=False):
+        if inline and not hits:
+            hits.append(task.k)
+            raise KeyboardInterrupt  # reserved, not posted
+        return run(self, task, busy, inline=inline)
+
+    monkeypatch.setattr(_loader._Engine, "_run", interrupted)
+    with headrace.Loader({"x": np.arange(640)}, batch=32, order="sequential", epochs=1,
+                         transform=_slow, threads=1) as ld:
+        assert _read_through_interrupts(ld) == list(range(640))
+    assert hits  # the consumer did gather inline, and was interrupted there
+
+
+@pytest.mark.timeout(60)
+def test_a_ctrl_c_while_the_consumer_retakes_the_lock_is_a_keyboard_interrupt(monkeypatch):
+    """``Condition.wait`` interrupted while it takes the lock back returns without the lock; the
+    consumer takes it back, so the Ctrl-C arrives as such (not RuntimeError('release unlocked
+    lock')) and the loader continues."""
+    from headrace._engine import loader as _loader
+
+    monkeypatch.setattr(_loader._Engine, "_inline", lambda self: False)  # always wait
+    with headrace.Loader({"x": np.arange(640)}, batch=32, order="sequential", epochs=1,
+                         transform=_slow, threads=1) as ld:
+        engine = ld._engine
+        real, hits = engine.ready_cv, []
+
+        class Interrupted:
+            def wait(self, timeout=None):
+                if not hits:
+                    hits.append(1)
+                    engine.lock.release()  # as an interrupted re-acquire leaves it
+                    raise KeyboardInterrupt
+                return real.wait(timeout)
+
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+        engine.ready_cv = Interrupted()
+        seen = []
+        with pytest.raises(KeyboardInterrupt):
+            while True:
+                seen.append(next(ld)["x"].copy())
+        engine.ready_cv = real
+        rest = _read_through_interrupts(ld)
+    assert hits
+    assert np.concatenate([*seen, rest]).tolist() == list(range(640))
