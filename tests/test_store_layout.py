@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import headrace
+from headrace._store import format as _format
 
 
 def _make(path, n=3000, rec=1000):
@@ -162,3 +163,33 @@ def test_raw_fields_ask_the_kernel_for_2mib_pages(tmp_path):
     # pages has no such switch (and no sysfs entry), and there the advice is simply ignored
     if os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"):
         assert "hg" in flags, flags
+
+
+def test_verify_never_takes_the_same_fast_path_and_still_checks_entries(tmp_path):
+    # "never" skips checksums only: the layout scan proves every entry valid, so its gathers
+    # take the sequential path and the steady plan like a verified "first" store does
+    x, y = _make(tmp_path / "s")
+    rng = np.random.default_rng(3)
+    with headrace.open(tmp_path / "s", verify="never") as st:
+        _gather_all_ways(st, x, y, rng)
+        assert st._st.layouts["x"] is not None and st._plans[None].snapshot is st._st
+        _gather_all_ways(st, x, y, rng)  # through the plan now
+    fe = next(f for f in headrace.open(tmp_path / "s").meta.fields if f.spec.name == "x")
+    index = tmp_path / "s" / fe.index
+    ent = np.fromfile(index, _format.INDEX_DTYPE)
+    chunk = tmp_path / "s" / _format.chunk_name(int(ent[0]["chunk"]))
+    with open(chunk, "r+b") as f:  # damage a byte of record 0's data: no checksum looks at it
+        f.seek(int(ent[0]["offset"]))
+        b = f.read(1)[0]
+        f.seek(int(ent[0]["offset"]))
+        f.write(bytes([b ^ 1]))
+    with headrace.open(tmp_path / "s", verify="never") as st:
+        assert st.gather([0])["x"][0, 0] == x[0, 0] ^ 1
+    with pytest.raises(headrace.CorruptionError):
+        headrace.open(tmp_path / "s").gather([0])  # "first" still catches it
+    ent[7]["offset"] = 1 << 40  # record 7's entry points far outside its chunk
+    ent.tofile(index)
+    with headrace.open(tmp_path / "s", verify="never") as st:
+        with pytest.raises(headrace.CorruptionError, match=r"\[7\]"):
+            st.gather([3, 7])
+        assert st._st.layouts["x"] is None  # the scan refused the layout: the index path checks

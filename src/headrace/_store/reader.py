@@ -347,7 +347,7 @@ class Store:
         idx = record_ids(indices, st.meta.length)
         names = pick_fields(fields, st.fields)
         out = {name: self._gather_field(st, st.fields[name], idx) for name in names}
-        if self.verify == "first":
+        if self.verify != "always":
             self._plan_steady(st, key, names)
         return out
 
@@ -373,8 +373,9 @@ class Store:
         per field and call, each a likely cache and TLB miss after a batch's worth of copying.
         """
         ver = st.verified
+        verified = self.verify == "never"  # entries are proved by the layout scan alone
         for name in names:
-            if (ver.count[name] < ver.n or name not in st.vrows
+            if ((not verified and ver.count[name] < ver.n) or name not in st.vrows
                     or st.layouts.get(name) is None):
                 return
         steady = []
@@ -389,7 +390,7 @@ class Store:
     def _gather_field(self, st: Snapshot, f: MappedField, idx: np.ndarray) -> np.ndarray | Ragged:
         check = self._to_check(st, f, idx)
         virtual = st.vrows.get(f.spec.name)
-        if virtual is not None and self.verify != "never":
+        if virtual is not None:
             layout = sequential_layout(st, f.spec.name)
             if layout is not None:  # appended in order: no index reads for the rows at all
                 # "clip" never clips (the layout scan proved every row in range); unlike the
