@@ -11,6 +11,10 @@ peak RSS above the imports (``VmHWM``: what ``top`` and the OOM killer see, mapp
 included) and the peak anonymous RSS above the imports (sampled every 10 ms: what the peer
 allocated), against the loader's ``max_inflight_bytes`` cap.
 
+Every peer but headrace runs ``--threads`` threads or worker processes (2: the cores here);
+headrace runs its default (one worker fewer than the cores, the consumer's thread gathering
+whenever it would wait: two gatherers on 2 cores) unless ``--headrace-threads`` is given.
+
 Peers (uint8 NHWC unless named "default"):
 * headrace-default: ``headrace.image(store, batch=64, resize=(224, 224))`` with nothing else set:
   what a user gets (float32 NCHW in [0, 1], ``interpolation="auto"``; like every headrace row
@@ -141,21 +145,23 @@ def _drain(ld, a: argparse.Namespace) -> int:
 def run_headrace_default(a: argparse.Namespace) -> int:
     import headrace
 
-    return _drain(headrace.image(a.store, batch=BATCH, resize=OUT, threads=a.threads), a)
+    return _drain(headrace.image(a.store, batch=BATCH, resize=OUT,
+                                 threads=a.headrace_threads), a)
 
 
 def run_headrace(a: argparse.Namespace) -> int:
     import headrace
 
     return _drain(headrace.image(a.store, batch=BATCH, resize=OUT, float_out=False,
-                                 layout="NHWC", threads=a.threads), a)
+                                 layout="NHWC", threads=a.headrace_threads), a)
 
 
 def run_headrace_linear(a: argparse.Namespace) -> int:
     import headrace
 
     return _drain(headrace.image(a.store, batch=BATCH, resize=OUT, float_out=False,
-                                 layout="NHWC", interpolation="linear", threads=a.threads), a)
+                                 layout="NHWC", interpolation="linear",
+                                 threads=a.headrace_threads), a)
 
 
 def run_headrace_fulldecode(a: argparse.Namespace) -> int:
@@ -163,7 +169,7 @@ def run_headrace_fulldecode(a: argparse.Namespace) -> int:
 
     return _drain(headrace.image(a.store, batch=BATCH, resize=OUT, float_out=False,
                                  layout="NHWC", interpolation="linear", dct_scale=False,
-                                 fast_decode=False, threads=a.threads), a)
+                                 fast_decode=False, threads=a.headrace_threads), a)
 
 
 def _pool_pass(a: argparse.Namespace, fn) -> int:
@@ -263,7 +269,7 @@ def run_headrace_rrc(a: argparse.Namespace) -> int:
     import headrace
 
     return _drain(headrace.image(a.store, batch=BATCH, random_resized_crop=OUT, float_out=False,
-                                 layout="NHWC", threads=a.threads), a)
+                                 layout="NHWC", threads=a.headrace_threads), a)
 
 
 def run_ceiling_rrc(a: argparse.Namespace) -> int:
@@ -391,7 +397,11 @@ def main() -> None:
     p.add_argument("--n", type=int, default=2000)
     p.add_argument("--repeat", type=int, default=2, help="timed passes per peer process")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds over the peers")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2,
+                   help="threads (or worker processes) of every peer but headrace's")
+    p.add_argument("--headrace-threads", type=int, default=None,
+                   help="headrace's worker threads (default: headrace's own, one fewer than the "
+                        "cores: the consumer gathers whenever it would wait)")
     p.add_argument("--peers", default=",".join(PEERS))
     p.add_argument("--workdir", default=None)
     p.add_argument("--peer", help=argparse.SUPPRESS)
@@ -427,7 +437,9 @@ def main() -> None:
     shorts = [min(image_size(read(f))) for f in files[:200]]
     print(f"{len(files)} JPEGs, mean {np.mean(sizes) / 1e3:.0f} kB, short side "
           f"{min(shorts)}-{max(shorts)} px; decode+resize to {OUT[0]}x{OUT[1]}, batch {BATCH}, "
-          f"{a.threads} threads, best of {a.rounds} rounds x {a.repeat} passes", file=sys.stderr)
+          f"{a.threads} threads (headrace: "
+          f"{a.headrace_threads or 'its default'}), best of {a.rounds} rounds x {a.repeat} "
+          "passes", file=sys.stderr)
     # Rounds interleave the peers, so a burst of load from elsewhere on the machine does not
     # land on one peer only; each peer keeps its best round. CPU ms per image (process plus
     # worker processes) is reported too: it is what the decode work costs, load or not.
@@ -438,6 +450,8 @@ def main() -> None:
         for peer in peers:
             cmd = [sys.executable, __file__, "--peer", peer, "--root", root, "--store", store,
                    "--mx8", pack, "--repeat", str(a.repeat), "--threads", str(a.threads)]
+            if a.headrace_threads is not None:
+                cmd += ["--headrace-threads", str(a.headrace_threads)]
             out = subprocess.run(cmd, capture_output=True, text=True)
             if out.returncode != 0:
                 print(f"{peer}: failed\n{out.stderr[-2000:]}", file=sys.stderr)

@@ -50,9 +50,10 @@ Decisions, one per interval:
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
+
+from headrace._engine.config import usable_cores
 
 __all__ = ["Signals", "Tuner", "tune_max_threads"]
 
@@ -69,23 +70,6 @@ IO_BOUND = 2.0  # gathers waited off the CPU this many times the on-CPU work: la
 HOLDS = 0.75  # a Little's-law jump whose rate reaches this share of its prediction is kept
 BLOCKED = 0.25  # the dispatcher waited for window room this share of the time: the window limits
 FELL = 0.1  # a step taken on a direct signal is undone only when the rate fell this much
-
-
-def _cores() -> int:
-    """The CPUs this process may run on: its affinity, and a cgroup v2 CPU quota when set
-    (a container limited to 2 CPUs of a 64-core host runs 2 threads' worth of work at a time)."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on every platform
-        n = os.cpu_count() or 1
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        if quota != "max":
-            n = min(n, math.ceil(int(quota) / int(period)))
-    except (OSError, ValueError):  # no cgroup v2, or no quota
-        pass
-    return max(1, n)
 
 
 def tune_max_threads(threads: int | None, default: int) -> int:
@@ -140,7 +124,7 @@ class Tuner:
 
     def __init__(self, *, max_threads: int, max_window: int, threads: int = 1, prefetch: int = 0,
                  min_batches: int = 8, min_seconds: float = 0.1, cores: int | None = None) -> None:
-        self.cores = max(1, cores if cores is not None else _cores())
+        self.cores = max(1, cores if cores is not None else usable_cores())
         self.max_threads = max(1, max_threads)
         self.max_window = max(1, max_window)
         self.threads = max(1, min(threads, self.max_threads, self.max_window))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from headrace._base.errors import ConfigError
 
 __all__ = ["PROFILES", "Constraints", "Profile", "ResolvedConfig", "RuntimeConfig",
-           "default_threads", "memory_total_bytes", "resolve_config"]
+           "default_threads", "memory_total_bytes", "resolve_config", "usable_cores"]
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -124,8 +124,10 @@ class ResolvedConfig:
 
     @property
     def window_batches(self) -> int:
-        """Batches dispatched but not yet delivered: one per thread plus the prefetch, capped."""
-        return max(1, min(self.max_queue_batches, self.threads + self.prefetch_batches))
+        """Batches dispatched but not yet delivered, capped by the queue: one per worker thread,
+        one the consumer gathers itself while it would wait (see ``default_threads``), and the
+        prefetch."""
+        return max(1, min(self.max_queue_batches, self.threads + 1 + self.prefetch_batches))
 
 
 def memory_total_bytes() -> int:
@@ -162,9 +164,29 @@ def default_rss_cap(profile: Profile, *, total_bytes: int | None = None) -> int:
     return max(share - GIB, share // 2, 1)
 
 
+def usable_cores() -> int:
+    """The CPUs this process may run on: its affinity, and a cgroup v2 CPU quota when set
+    (a container limited to 2 CPUs of a 64-core host runs 2 threads' worth of work at a time)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every platform
+        n = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            n = min(n, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):  # no cgroup v2, or no quota
+        pass
+    return max(1, n)
+
+
 def default_threads() -> int:
-    """Worker threads when none are asked for: the cores, at least 2, at most 8."""
-    return max(2, min(8, os.cpu_count() or 2))
+    """Worker threads when none are asked for: one fewer than the usable cores (at least 1, at
+    most 8). The consumer's thread is the last gatherer: whenever it would wait for a batch it
+    gathers the next one itself, so workers plus consumer fill the cores; one more worker than
+    that only time-slices with them, and a batch delivered in order then waits for the slowest."""
+    return max(1, min(8, usable_cores() - 1))
 
 
 def ram_gb_to_bytes(ram_gb: float) -> int:

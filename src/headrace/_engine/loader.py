@@ -157,6 +157,11 @@ class _Engine:
         # threads do not survive fork(): a child must build its own (see _forks)
         self.forks = _FORKS[0]
         self.consumer_waits = False  # the consumer is in ready_cv.wait (under lock)
+        # The consumer found ``dispatch_lock`` taken when it meant to gather inline (a worker
+        # was dispatching, which takes microseconds): the holder, on release, invites it to try
+        # again instead of leaving it asleep until the next post, a whole gather later.
+        self.inline_wanted = False
+        self.inline_invited = False  # (under lock) set by that release, taken by the consumer
         # Seconds each worker spent in [gather, transform, gather on the CPU]; one slot per
         # worker, so each is written by one thread only and no lock is needed.
         # The last slot is the consumer's (batches it gathers inline, see take()).
@@ -231,7 +236,14 @@ class _Engine:
         with self.lock:
             self._wait_window(self.space_cv)
         with self.dispatch_lock:
-            return self._dispatch(wait=True)
+            task = self._dispatch(wait=True)
+        if self.inline_wanted:  # read after the release: see _inline for why none is missed
+            with self.lock:
+                self.inline_wanted = False
+                self.inline_invited = True
+                if self.consumer_waits:
+                    self.ready_cv.notify()
+        return task
 
     def _wait_window(self, cv: threading.Condition) -> None:
         """Wait (locked) on ``cv`` until the window has room for the next batch, or the engine
@@ -444,7 +456,12 @@ class _Engine:
         (the batch is reserved and posted exactly as a worker's).
         """
         if not self.dispatch_lock.acquire(blocking=False):
-            return False
+            # Ask the holder for an invitation, then look once more: the holder reads the flag
+            # after its release, so either this second try comes after the release and takes the
+            # lock, or the holder sees the flag and invites (a spurious invite costs one try).
+            self.inline_wanted = True
+            if not self.dispatch_lock.acquire(blocking=False):
+                return False
         try:
             task = self._dispatch(wait=False)
         finally:
@@ -506,8 +523,9 @@ class _Engine:
                         break
                 elif self.closed or (self.end_k is not None and k >= self.end_k):
                     return None
-                elif (not tried_inline and self.ram_blocked_since is None
+                elif ((not tried_inline or self.inline_invited) and self.ram_blocked_since is None
                       and not self.idle_workers and self.next_dispatch - k < self.window):
+                    self.inline_invited = False
                     inline = True
                 else:
                     tried_inline = False
@@ -696,7 +714,8 @@ class Loader:
             ``numpy.random.Generator`` / one ``uint64`` per record, a pure function of
             ``(seed, epoch, record id)``: random augmentations replay exactly on resume.
         transform_nbytes: ``fn(n_records) -> bytes`` the transform allocates (counted in the cap).
-        threads: worker threads (default: cores, 2..8).
+        threads: worker threads (default: one fewer than the usable cores, 1..8; the consumer
+            gathers too whenever it would wait, see ``default_threads``).
         inflight, ram_gb, queue, prefetch, profile, constraints, runtime: memory and queue knobs,
             resolved as described in ``headrace._engine.config`` and ``docs/memory.md``.
         resume: a token from ``checkpoint()``; continues right after the last delivered batch.
