@@ -3,14 +3,17 @@
 Side by side, each peer in a fresh subprocess (so each peak RSS is its own):
 
 * ``headrace`` / ``headrace-seq`` / ``headrace-iid``: ``headrace.Loader(store, batch=256,
-  order="shuffle" | "sequential" | "iid", epochs=1)`` over one ``Store`` opened once per process.
+  order="shuffle" | "sequential" | "iid", epochs=1)`` over one ``Store`` opened once per process,
+  at headrace's default threads (one worker fewer than the cores, the consumer's thread gathering
+  whenever it would wait: on 2 cores, one worker and the consumer).
 * ``headrace-load``: ``headrace.load(path, batch=256, shuffle=True)``, the store opened by ``load``
   every epoch (what a script that builds its loader per epoch pays).
 * ``headrace-loaderx`` / ``headrace-loaderx-npy``: the loaderx-style endless
   ``DataLoader(Dataset(x), Dataset(label), num_workers=2, mode=1)`` (IID), ``ceil(rows / 256)``
   steps per epoch, over the store's fields / over the ``.npy`` files (datasets opened once).
 * ``headrace-torch``: the shuffled loader through ``headrace.torch.IterableDataset`` and
-  ``torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)`` (zero-copy tensors).
+  ``torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)`` (zero-copy tensors);
+  ``headrace-torch-direct``: the same dataset iterated directly, without torch's ``DataLoader``.
 * ``headrace-jax``: the shuffled loader through ``headrace.jax.iterator(loader, prefetch=2)`` onto
   JAX's default device (the CPU here, where ``device_put`` may alias the NumPy buffer).
 * the ceilings, one thread, no loader, the ``.npy`` mappings made once per process and kept (as
@@ -78,6 +81,7 @@ BATCH = 256
 DATA = Path(__file__).resolve().parent / "_data" / "bench_loader"
 PEERS = ("ceiling", "ceiling-seq", "ceiling-iid", "headrace", "headrace-seq", "headrace-iid",
          "headrace-load", "headrace-loaderx", "headrace-loaderx-npy", "headrace-torch",
+         "headrace-torch-direct",
          "headrace-jax", "torch", "grain")
 
 
@@ -279,6 +283,22 @@ def run_headrace_torch(root: Path, rows: int, repeat: int) -> int:
     return n
 
 
+def run_headrace_torch_direct(root: Path, rows: int, repeat: int) -> int:
+    """The same ``IterableDataset`` iterated by the training loop itself, no ``DataLoader``: what
+    the adapter costs without torch's per-batch ``DataLoader.__next__`` (a profiler
+    ``record_function`` and its fetcher)."""
+    import headrace
+    import headrace.torch
+
+    ds = headrace.torch.IterableDataset(_store(root), batch=BATCH, order="shuffle", seed=repeat,
+                                        epochs=1)
+    n = 0
+    for batch in ds:
+        n += min(len(batch["x"]), len(batch["label"]))
+    ds.close()
+    return n
+
+
 def run_headrace_jax(root: Path, rows: int, repeat: int) -> int:
     """headrace through ``headrace.jax.iterator`` onto JAX's default device, 2 batches ahead."""
     import jax
@@ -383,7 +403,8 @@ RUNNERS = {"ceiling": run_ceiling, "ceiling-seq": run_ceiling_seq, "ceiling-iid"
            "headrace-iid": run_headrace_iid, "headrace-load": run_headrace_load,
            "headrace-loaderx": run_headrace_loaderx,
            "headrace-loaderx-npy": run_headrace_loaderx_npy,
-           "headrace-torch": run_headrace_torch, "headrace-jax": run_headrace_jax,
+           "headrace-torch": run_headrace_torch,
+           "headrace-torch-direct": run_headrace_torch_direct, "headrace-jax": run_headrace_jax,
            "torch": run_torch, "grain": run_grain}
 # the ceiling of equal work for each peer: the same order (so the same gather pattern)
 CEILING_OF = {"headrace-seq": "ceiling-seq", "ceiling-seq": "ceiling-seq",
@@ -407,9 +428,9 @@ def import_for(peer: str) -> None:
 
         for name in ("open", "Loader", "load", "Dataset", "DataLoader"):
             getattr(headrace, name)
-    if peer in ("torch", "headrace-torch"):
+    if peer in ("torch", "headrace-torch", "headrace-torch-direct"):
         import torch.utils.data  # noqa: F401
-    if peer == "headrace-torch":
+    if peer in ("headrace-torch", "headrace-torch-direct"):
         import headrace.torch
     if peer == "headrace-jax":
         import jax  # noqa: F401
