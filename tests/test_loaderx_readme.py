@@ -4,9 +4,10 @@
 The snippets are the README's two code blocks, character for character but that line: the
 NumPy-to-Blosc2 conversion (its ``arr.npy`` is generated here) and the Quick Start (its
 ``train_data.b2nd`` / ``train_label.b2nd`` are Blosc2 arrays written here). They run in a
-temporary working folder, as the README's relative paths expect. loaderx itself is not in the test
-extra's install here, so the checks are what its README and observed behaviour say: endless
-batches of 256 (``batch_size=256``), ``{'data', 'label'}`` rows that belong together.
+temporary working folder, as the README's relative paths expect. The checks are what its README and
+observed behaviour say: endless batches of 256 (``batch_size=256``), ``{'data', 'label'}`` rows
+that belong together; ``tests/test_loaderx_wheel.py`` runs the Quick Start with the real loaderx
+0.4.1 wheel too and compares what both print.
 """
 
 from __future__ import annotations
