@@ -32,8 +32,10 @@ def _env() -> dict[str, str]:
 def _run(cmd: list[str]) -> None:
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
-        at = proc.stderr.find("Traceback")
-        pytest.fail(f"{' '.join(cmd)} failed:\n{proc.stderr[max(at, 0):][-6000:]}")
+        # The whole tail, not from the first traceback on: a rank that aborts in C++ prints its
+        # reason ("terminate called ...", "Fatal Python error") before torchrun's own traceback.
+        pytest.fail(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n"
+                    f"stdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-10000:]}")
 
 
 def _port() -> int:
