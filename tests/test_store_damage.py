@@ -5,6 +5,7 @@ that does not parse, that parses but was altered, chunk ids that would size memo
 replaced by a directory or a FIFO, absurd sizes in the aux file.
 """
 
+import gc
 import json
 import os
 import subprocess
@@ -348,3 +349,21 @@ def test_cli_exit_codes_for_damage_and_for_no_store(tmp_path):
         out = subprocess.run([sys.executable, "-m", "headrace", "info", str(target)],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_writer_refused_on_a_damaged_store_closes_its_lock_fd_exactly_once(tmp_path):
+    # The refused writer is still referenced by the error's traceback; when that is collected, its
+    # finalizer must not close the lock fd's number again: by then another file may own it.
+    path = _store(tmp_path / "s")
+    entry = next(f for f in _doc(path)["fields"] if f["name"] == "b")
+    _replace(path, entry["index"], "fifo")
+    with pytest.raises(headrace.CorruptionError) as e:
+        headrace.open(path, mode="a")
+    with open(os.path.join(path, "meta.json"), "rb") as f:  # takes the lowest free fd numbers
+        others = [os.open(os.path.join(path, "meta.json"), os.O_RDONLY) for _ in range(8)]
+        del e
+        gc.collect()
+        for fd in [f.fileno(), *others]:
+            os.fstat(fd)  # EBADF if the writer closed a number it no longer owned
+        for fd in others:
+            os.close(fd)

@@ -126,12 +126,20 @@ class Writer:
     """
 
     def __init__(self, path: str, lock_fd: int) -> None:
-        self.path = path
-        self._lock_fd = lock_fd
+        """Takes ownership of ``lock_fd`` at once: if this raises, the fd is closed already, so
+        the caller must not close it again (a second close would hit whatever file reused the
+        number, in this or any other thread)."""
         self._fds: list[int] = [lock_fd]  # every fd we own, closed by close() or the finalizer
         self._finalizer = weakref.finalize(self, _release, self._fds)
+        self.path = path
+        self._lock_fd = lock_fd
         self._closed = False
-        self._load(_format.read_meta(path))
+        try:
+            self._load(_format.read_meta(path))
+        except BaseException:
+            self._closed = True
+            self._finalizer()  # now, not whenever a traceback holding this object is collected
+            raise
 
     # -- opening, recovery -----------------------------------------------------------------------
 
@@ -139,11 +147,7 @@ class Writer:
     def _open_existing(cls, path: str) -> Writer:
         _format.read_meta(path)  # NotAStoreError / FormatVersionError before touching anything
         lock_fd = acquire_lock(os.path.join(path, _format.LOCK_NAME), path)
-        try:
-            return cls(path, lock_fd)
-        except BaseException:
-            os.close(lock_fd)
-            raise
+        return cls(path, lock_fd)  # owns lock_fd, and closes it if it raises
 
     def _load(self, meta: Meta) -> None:
         """(Re)starts from commit ``meta``: recovery, then fresh working state."""
@@ -703,7 +707,6 @@ def create(path: str | os.PathLike[str], *, fields: Mapping[str, Any] | Iterable
         committed = True
         if made_dir:  # the new directory's own entry
             _format.fsync_dir(os.path.dirname(os.path.abspath(path)))
-        return Writer(path, lock_fd)
     except BaseException as e:
         os.close(lock_fd)
         if not committed:  # leave no half-made store behind: create() can simply be retried
@@ -711,3 +714,4 @@ def create(path: str | os.PathLike[str], *, fields: Mapping[str, Any] | Iterable
         if is_disk_full(e):
             raise store_full(path, e) from e  # type: ignore[arg-type]
         raise
+    return Writer(path, lock_fd)  # owns lock_fd from here, and closes it if it raises
