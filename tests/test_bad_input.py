@@ -98,6 +98,11 @@ def test_parallel_pack_from_a_script_without_a_main_guard(tmp_path):
     assert out.returncode != 0
     last = out.stderr.strip().splitlines()[-1]
     assert "PackWorkerError" in last and 'if __name__ == "__main__":' in last, last
+    # Each worker re-running the script refuses before it makes a pool or a staging folder:
+    # nothing for the resource tracker to clean up ("leaked semaphore objects"), nothing left.
+    assert "a pack started while this worker process was starting" in out.stderr
+    assert "resource_tracker" not in out.stderr, out.stderr[-2000:]
+    assert sorted(os.listdir(tmp_path)) == ["train.py"]
     assert str(script) in last and "out of memory" not in last
     assert not os.path.exists(tmp_path / "out")
 

@@ -353,6 +353,13 @@ def run_parts(out: str, *, ranges: Sequence[tuple[int, int]],
         units: ``ranges`` are of input units (files, row groups, shards), not records; each
             part holds whatever records its reader yields (see ``PartTask.units``).
     """
+    if executor is None and getattr(multiprocessing.current_process(), "_inheriting", False):
+        # This process is a pool worker importing an unguarded script while it starts: refuse
+        # before making a staging folder or a pool (whose semaphores a dying worker would leak).
+        # Its parent sees the worker die and explains the missing guard.
+        raise PackWorkerError(f"a pack started while this worker process was starting (the "
+                              f"script {unguarded_main() or sys.argv[0]} was re-run in it); put "
+                              "the code that packs under `if __name__ == \"__main__\":`")
     parent = os.path.dirname(out) or "."
     os.makedirs(parent, exist_ok=True)
     staging = make_staging(out)
