@@ -21,7 +21,10 @@ def path_kind(request, monkeypatch):
     if request.param == "c":
         assert crc_rows.accelerated(), NOT_BUILT
     else:
+        from headrace._store import reader
+
         monkeypatch.setattr(crc_rows, "_c_rows", None)
+        monkeypatch.setattr(reader, "take_checked", None)  # the fused gather is C only
     return request.param
 
 
@@ -105,3 +108,102 @@ def test_bitmap_refuses_ids_outside():
         snapshot._c_mark(np.zeros(2, np.uint8), np.array([16], np.int64))
     with pytest.raises(IndexError, match="outside"):
         snapshot._c_unset(np.zeros(2, np.uint8), np.array([-1], np.int64))
+
+
+def _rows_and_aux(n, rec, seed):
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, 256, (n, rec), dtype=np.uint8)
+    aux = np.zeros((n, 2), np.uint32)
+    aux[:, 0] = [google_crc32c.value(r.tobytes()) for r in src]
+    aux[:, 1] = rec
+    return src, aux
+
+
+@pytest.mark.parametrize("rec", [1, 8, 100, 3072])
+def test_take_checked_copies_rows_and_checks_the_unverified_ones(rec):
+    assert crc_rows.take_checked is not None, NOT_BUILT
+    n = 200
+    src, aux = _rows_and_aux(n, rec, rec)
+    damaged = [7, 50, 51]
+    aux[damaged, 0] ^= 1
+    bits = np.zeros((n + 7) // 8, np.uint8)
+    bits[0] = 0xFF  # records 0-7 verified before (7's damage is then not looked for again)
+    rng = np.random.default_rng(1)
+    ids = np.concatenate([rng.integers(0, n, 150), [50, 7, 51, 50]]).astype(np.int64)
+    rows = (n - 1 - ids).astype(np.int64)  # any id -> row map: here reversed
+    src_by_id = src[::-1].copy()
+    out = np.empty((len(ids), rec), np.uint8)
+    new, bad = crc_rows.take_checked(src_by_id.reshape(-1), rec, rows, ids, aux, bits, out)
+    bad = np.frombuffer(bad, np.int64)
+    assert np.array_equal(out, src[ids])
+    want_bad = [j for j, i in enumerate(ids.tolist()) if i in (50, 51)]
+    assert bad.tolist() == want_bad
+    good = {i for i in ids.tolist() if i >= 8 and i not in damaged}
+    assert new == len(good)  # a record read twice is counted once
+    marked = {i for i in range(n) if bits[i >> 3] >> (i & 7) & 1}
+    assert marked == good | set(range(8))
+    # everything good is verified now: nothing new, the damaged ones still caught
+    new, bad = crc_rows.take_checked(src_by_id.reshape(-1), rec, rows, ids, aux, bits, out)
+    assert new == 0 and np.frombuffer(bad, np.int64).tolist() == want_bad
+    # no bitmap ("always"): every row is checked, record 7 too
+    new, bad = crc_rows.take_checked(src_by_id.reshape(-1), rec, rows, ids, aux, None, out)
+    assert new == 0
+    assert np.frombuffer(bad, np.int64).tolist() == [j for j, i in enumerate(ids.tolist())
+                                                     if i in damaged]
+
+
+def test_take_checked_refuses_rows_ids_and_outputs_outside():
+    assert crc_rows.take_checked is not None, NOT_BUILT
+    src, aux = _rows_and_aux(10, 4, 0)
+    bits = np.zeros(2, np.uint8)
+    out = np.empty((2, 4), np.uint8)
+    ok = np.array([0, 1], np.int64)
+    with pytest.raises(IndexError, match="row 10 is outside"):
+        crc_rows.take_checked(src.reshape(-1), 4, np.array([0, 10]), ok, aux, bits, out)
+    with pytest.raises(IndexError, match="record -1 is outside"):
+        crc_rows.take_checked(src.reshape(-1), 4, ok, np.array([0, -1]), aux, bits, out)
+    with pytest.raises(ValueError, match="out holds 4 bytes"):
+        crc_rows.take_checked(src.reshape(-1), 4, ok, ok, aux, bits, out[:1])
+    ro = bits.copy()
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):  # a bitmap that cannot be marked
+        crc_rows.take_checked(src.reshape(-1), 4, ok, ok, aux, ro, out)
+
+
+def test_threads_verifying_at_once_count_every_record_once(tmp_path):
+    """Four threads read overlapping batches of a fresh store: each record is counted verified
+    once (bits sharing a byte are set atomically), so the steady read starts exactly when every
+    record was checked, and every batch holds the stored bytes."""
+    import threading
+
+    n, rec = 5000, 24
+    x = np.random.default_rng(2).integers(0, 256, (n, rec), dtype=np.uint8)
+    with headrace.create(tmp_path / "s", fields={"x": {"dtype": "uint8", "shape": [rec]}}) as w:
+        w.append({"x": x})
+    s = headrace.open(tmp_path / "s")
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def read(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            start.wait()
+            for _ in range(60):
+                ids = np.sort(rng.integers(0, n, 97))
+                got = s.gather(ids)["x"]
+                if not np.array_equal(got, x[ids]):
+                    raise AssertionError(f"wrong bytes for {ids[:5]}...")
+        except BaseException as e:  # reported below, in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    ver = s._st.verified
+    bits = np.unpackbits(ver.bits["x"], bitorder="little")[:n]
+    assert ver.count["x"] == int(bits.sum())
+    assert np.array_equal(s.gather(np.arange(n))["x"], x)
+    assert ver.count["x"] == n

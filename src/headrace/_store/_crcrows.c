@@ -8,6 +8,17 @@
  * checksum itself; here a batch is one call. On x86-64 with SSE4.2 three rows run at once, so the
  * crc32 instruction's latency overlaps (independent rows need no combine step); elsewhere a
  * table-driven loop gives the same values.
+ *
+ * take_checked(src, row_bytes, rows, ids, aux, bits, out) -> (new, bad): a gather and its first-read
+ * check in one pass: row rows[j] of src is copied to row j of out and, unless bit ids[j] of bits is
+ * set already (bits None: every row), its crc32c is taken from the copy while it is still in the
+ * cache and compared with aux[2 * ids[j]] (the aux file's crc word). Rows that match get their bit
+ * set; new counts the bits this call set, bad holds the int64 positions j that did not match.
+ * Separate NumPy and Python steps for the same work cost a verifying first epoch about twice the
+ * checksum itself, and under several threads each step is another hand-off of the GIL.
+ *
+ * Bits are set with atomic ORs, so threads marking records that share a byte lose none of them
+ * and a record is counted once however many threads verify it at the same time.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -88,6 +99,13 @@ __attribute__((target("sse4.2"))) static void crc_hw3(const uint8_t *a, const ui
 #endif
 
 static int hw = 0;
+
+static uint32_t crc_one(const uint8_t *p, Py_ssize_t n) {
+#if HAVE_HW
+    if (hw) return crc_hw1(p, n);
+#endif
+    return crc_soft(p, n);
+}
 
 static PyObject *rows(PyObject *self, PyObject *args) {
     Py_buffer data, pos;
@@ -182,15 +200,115 @@ static PyObject *mark(PyObject *self, PyObject *args) {
     Py_ssize_t k = 0;
     for (Py_ssize_t j = 0; j < n; j++) {
         uint8_t b = (uint8_t)(1u << (id[j] & 7));
-        if (!(bm[id[j] >> 3] & b)) {
-            bm[id[j] >> 3] |= b;
+        /* atomic: take_checked sets bits without the caller's lock */
+        if (!(bm[id[j] >> 3] & b) && !(__atomic_fetch_or(&bm[id[j] >> 3], b, __ATOMIC_RELAXED) & b))
             k++;
-        }
     }
     res = PyLong_FromSsize_t(k);
 done:
     PyBuffer_Release(&bits);
     PyBuffer_Release(&ids);
+    return res;
+}
+
+
+/* One verified row: its bit set (counted in *added) when crc matches, else listed in bad. */
+static inline void settle(uint8_t *bm, int64_t id, Py_ssize_t j, uint32_t got, uint32_t want,
+                          Py_ssize_t *added, int64_t *bad, Py_ssize_t *nbad) {
+    if (got != want) {
+        bad[(*nbad)++] = j;
+        return;
+    }
+    if (bm != NULL) {
+        uint8_t b = (uint8_t)(1u << (id & 7));
+        if (!(__atomic_fetch_or(&bm[id >> 3], b, __ATOMIC_RELAXED) & b)) (*added)++;
+    }
+}
+
+static PyObject *take_checked(PyObject *self, PyObject *args) {
+    Py_buffer src, rws, ids, aux, out, bits = {0};
+    Py_ssize_t rb;
+    PyObject *bits_obj;
+    if (!PyArg_ParseTuple(args, "y*ny*y*y*Ow*", &src, &rb, &rws, &ids, &aux, &bits_obj, &out))
+        return NULL;
+    PyObject *res = NULL;
+    int64_t *bad = NULL;
+    int have_bits = bits_obj != Py_None;
+    if (have_bits && PyObject_GetBuffer(bits_obj, &bits, PyBUF_WRITABLE) < 0) goto done;
+    Py_ssize_t n = rws.len / 8;
+    if (rb <= 0 || rws.len % 8 != 0 || ids.len != rws.len || aux.len % 8 != 0) {
+        PyErr_SetString(PyExc_ValueError, "row_bytes must be > 0, rows and ids int64 of one "
+                                          "length, aux pairs of uint32");
+        goto done;
+    }
+    if (out.len < n * rb) {
+        PyErr_Format(PyExc_ValueError, "out holds %zd bytes, %zd rows of %zd need %zd", out.len,
+                     n, rb, n * rb);
+        goto done;
+    }
+    const int64_t *rs = (const int64_t *)rws.buf, *id = (const int64_t *)ids.buf;
+    Py_ssize_t nrows = src.len / rb, nrec = aux.len / 8;
+    if (have_bits && bits.len * 8 < nrec) nrec = bits.len * 8;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        if (rs[j] < 0 || rs[j] >= nrows) {
+            PyErr_Format(PyExc_IndexError, "row %lld is outside the buffer's %zd rows",
+                         (long long)rs[j], nrows);
+            goto done;
+        }
+    }
+    if (check_ids(id, n, nrec) < 0) goto done;
+    bad = (int64_t *)PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    if (bad == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t added = 0, nbad = 0;
+    const uint8_t *s = (const uint8_t *)src.buf;
+    uint8_t *o = (uint8_t *)out.buf, *bm = have_bits ? (uint8_t *)bits.buf : NULL;
+    const uint32_t *want = (const uint32_t *)aux.buf;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t pend[3];
+    int k = 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        memcpy(o + j * rb, s + rs[j] * rb, (size_t)rb);
+        if (bm != NULL && ((bm[id[j] >> 3] >> (id[j] & 7)) & 1)) continue;
+        pend[k++] = j;
+#if HAVE_HW
+        if (k == 3 && hw) {  /* three copied rows, still in L1: three independent crc chains */
+            uint32_t got[3];
+            crc_hw3(o + pend[0] * rb, o + pend[1] * rb, o + pend[2] * rb, rb, got);
+            for (int q = 0; q < 3; q++)
+                settle(bm, id[pend[q]], pend[q], got[q], want[2 * id[pend[q]]], &added, bad, &nbad);
+            k = 0;
+        }
+#endif
+        if (k == 3) {
+            for (int q = 0; q < 3; q++)
+                settle(bm, id[pend[q]], pend[q], crc_one(o + pend[q] * rb, rb),
+                       want[2 * id[pend[q]]], &added, bad, &nbad);
+            k = 0;
+        }
+    }
+    for (int q = 0; q < k; q++)
+        settle(bm, id[pend[q]], pend[q], crc_one(o + pend[q] * rb, rb), want[2 * id[pend[q]]],
+               &added, bad, &nbad);
+    Py_END_ALLOW_THREADS
+    /* bad positions come out in the order rows were settled: sort them for the caller */
+    for (Py_ssize_t a = 1; a < nbad; a++) {
+        int64_t v = bad[a];
+        Py_ssize_t b = a;
+        for (; b > 0 && bad[b - 1] > v; b--) bad[b] = bad[b - 1];
+        bad[b] = v;
+    }
+    res = Py_BuildValue("ny#", added, (const char *)bad, nbad * (Py_ssize_t)sizeof(int64_t));
+done:
+    PyMem_Free(bad);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&rws);
+    PyBuffer_Release(&ids);
+    PyBuffer_Release(&aux);
+    PyBuffer_Release(&out);
+    if (have_bits && bits.obj != NULL) PyBuffer_Release(&bits);
     return res;
 }
 
@@ -200,6 +318,9 @@ static PyMethodDef methods[] = {
     {"mark", mark, METH_VARARGS, "mark(bits, ids) -> int: set the bits of ids, count the new ones"},
     {"rows", rows, METH_VARARGS,
      "rows(buffer, row_bytes, positions) -> bytes: the crc32c of each listed row (uint32s)"},
+    {"take_checked", take_checked, METH_VARARGS,
+     "take_checked(src, row_bytes, rows, ids, aux, bits, out) -> (new, bad): copy rows, check "
+     "the crc32c of those not verified yet, mark them"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_crcrows", NULL, -1, methods};

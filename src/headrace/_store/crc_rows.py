@@ -4,6 +4,9 @@ Verifying a batch record by record costs a Python call per record (~0.5 us each,
 checksum of a 3 KB row). ``_crcrows`` (an optional C accelerator, built by ``setup.py``) checksums
 every listed row in one call with the GIL released, three rows at a time on x86-64 with SSE4.2;
 without it each row goes through ``google_crc32c`` (the same values).
+
+``take_checked`` (None without the accelerator) gathers rows and checks the ones not verified yet
+in the same pass; its contract is in ``_crcrows.c``.
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ import google_crc32c
 import numpy as np
 
 try:
-    from headrace._store._crcrows import rows as _c_rows
+    from headrace._store import _crcrows
 except ImportError:  # not built (no compiler at install): the per-row path gives the same values
-    _c_rows = None
+    _crcrows = None
+_c_rows = None if _crcrows is None else _crcrows.rows
+take_checked = None if _crcrows is None else _crcrows.take_checked
 
-__all__ = ["accelerated", "crc32c_rows"]
+__all__ = ["accelerated", "crc32c_rows", "take_checked"]
 
 
 def accelerated() -> bool:

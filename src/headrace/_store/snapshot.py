@@ -81,14 +81,21 @@ class Verified:
         done = self.bits[name].take(idx >> 3) & _BIT.take(idx & 7)
         return np.flatnonzero(done == 0)
 
+    def add(self, name: str, count: int) -> None:
+        """Counts ``count`` records of ``name`` whose bits a caller set itself (atomically, as
+        ``crc_rows.take_checked`` does)."""
+        if count:
+            with self._lock:
+                self.count[name] += count
+
     def mark(self, name: str, ids: np.ndarray) -> None:
         """Records ``ids`` passed their checks."""
         if not len(ids):
             return
         with self._lock:  # the count must not double-count records marked by two threads
             bm = self.bits[name]
-            if _c_mark is not None and ids.dtype == np.int64 and ids.flags.c_contiguous:
-                self.count[name] += _c_mark(bm, ids)
+            if _c_mark is not None:  # atomic ORs, like take_checked's, which sets bits unlocked
+                self.count[name] += _c_mark(bm, np.ascontiguousarray(ids, np.int64))
                 return
             new = ids[(bm.take(ids >> 3) & _BIT.take(ids & 7)) == 0]
             if not len(new):
