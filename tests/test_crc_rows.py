@@ -207,3 +207,39 @@ def test_threads_verifying_at_once_count_every_record_once(tmp_path):
     assert ver.count["x"] == int(bits.sum())
     assert np.array_equal(s.gather(np.arange(n))["x"], x)
     assert ver.count["x"] == n
+
+
+def test_unset_answers_stay_whole_while_another_thread_marks():
+    """``unset`` lists the not-yet-verified positions of a batch while take_checked, which runs
+    without the GIL, marks bits in another thread: each answer must be positions of the batch in
+    increasing order (a count taken before the bits changed once left unwritten tail entries)."""
+    import threading
+
+    from headrace._store import snapshot
+
+    assert crc_rows.take_checked is not None, NOT_BUILT
+    n, rec = 4096, 256
+    src, aux = _rows_and_aux(n, rec, 3)
+    ids = np.arange(n, dtype=np.int64)
+    out = np.empty((n, rec), np.uint8)
+    bits = np.zeros((n + 7) // 8, np.uint8)
+    done = threading.Event()
+    problems: list[str] = []
+
+    def ask():
+        while not done.is_set():
+            pos = np.frombuffer(snapshot._c_unset(bits, ids), np.int64)
+            if len(pos) and (pos.min() < 0 or pos.max() >= n or np.any(np.diff(pos) <= 0)):
+                problems.append(f"unset returned {pos[:8]}... for a batch of {n}")
+                return
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    try:
+        for _ in range(40):
+            bits[:] = 0
+            crc_rows.take_checked(src.reshape(-1), rec, ids, ids, aux, bits, out)
+    finally:
+        done.set()
+        asker.join()
+    assert not problems, problems[0]

@@ -170,14 +170,15 @@ static PyObject *unset(PyObject *self, PyObject *args) {
         goto done;
     }
     if (check_ids(id, n, bits.len * 8) < 0) goto done;
-    Py_ssize_t k = 0;
-    for (Py_ssize_t j = 0; j < n; j++) k += !((bm[id[j] >> 3] >> (id[j] & 7)) & 1);
-    res = PyBytes_FromStringAndSize(NULL, k * 8);
+    /* one pass into room for all n: take_checked may set bits in another thread meanwhile (it
+     * runs without the GIL), so a count taken in a first pass could disagree with a second */
+    res = PyBytes_FromStringAndSize(NULL, n * 8);
     if (res == NULL) goto done;
     int64_t *out = (int64_t *)PyBytes_AS_STRING(res);
-    k = 0;
+    Py_ssize_t k = 0;
     for (Py_ssize_t j = 0; j < n; j++)
-        if (!((bm[id[j] >> 3] >> (id[j] & 7)) & 1)) out[k++] = j;
+        if (!((__atomic_load_n(&bm[id[j] >> 3], __ATOMIC_RELAXED) >> (id[j] & 7)) & 1)) out[k++] = j;
+    if (k < n) _PyBytes_Resize(&res, k * 8);  /* on failure res is NULL with the error set */
 done:
     PyBuffer_Release(&bits);
     PyBuffer_Release(&ids);
