@@ -18,7 +18,8 @@ Side by side, each peer in a fresh subprocess (so each peak RSS is its own):
   JAX's default device (the CPU here, where ``device_put`` may alias the NumPy buffer).
 * the ceilings, one thread, no loader, the ``.npy`` mappings made once per process and kept (as
   headrace keeps its ``Store``): ``ceiling`` gathers ``x[sorted idx], y[sorted idx]`` of each
-  shuffled batch; ``ceiling-seq`` copies each batch's contiguous rows (``x[a:b].copy()``: a view
+  shuffled batch; ``ceiling-jax`` does the same and ``jax.device_put``s each batch (the equal-work
+  ceiling of ``headrace-jax``); ``ceiling-seq`` copies each batch's contiguous rows (``x[a:b].copy()``: a view
   would read nothing); ``ceiling-iid`` gathers sorted uniform draws with replacement. Each peer's
   ``vs ceiling`` is against the ceiling of its own order (the ``ceiling`` column).
 * ``torch``: ``torch.utils.data.DataLoader`` with 2 worker processes over the same memmap, a
@@ -79,7 +80,7 @@ ROW_BYTES = 3_072
 DEFAULT_ROWS = 200_000
 BATCH = 256
 DATA = Path(__file__).resolve().parent / "_data" / "bench_loader"
-PEERS = ("ceiling", "ceiling-seq", "ceiling-iid", "headrace", "headrace-seq", "headrace-iid",
+PEERS = ("ceiling", "ceiling-seq", "ceiling-iid", "ceiling-jax", "headrace", "headrace-seq", "headrace-iid",
          "headrace-load", "headrace-loaderx", "headrace-loaderx-npy", "headrace-torch",
          "headrace-torch-direct",
          "headrace-jax", "torch", "grain")
@@ -159,6 +160,24 @@ def run_ceiling(root: Path, rows: int, repeat: int) -> int:
         idx = np.sort(perm[start:start + BATCH])
         xb, yb = x[idx], y[idx]
         n += min(len(xb), len(yb))
+    return n
+
+
+def run_ceiling_jax(root: Path, rows: int, repeat: int) -> int:
+    """The shuffled ceiling onto JAX's default device: the same gather, then one
+    ``jax.device_put([xb, yb])`` per batch (what a hand-written NumPy + JAX loop does; equal work
+    for ``headrace-jax``, which places every batch the same way)."""
+    import jax
+
+    x, y = _mapped(root)
+    perm = np.random.default_rng(repeat).permutation(rows)
+    n = 0
+    placed: Any = None
+    for start in range(0, rows, BATCH):
+        idx = np.sort(perm[start:start + BATCH])
+        placed = jax.device_put([x[idx], y[idx]])
+        n += min(len(placed[0]), len(placed[1]))
+    jax.block_until_ready(placed)
     return n
 
 
@@ -399,6 +418,7 @@ def sampler_seconds_per_batch(rows: int) -> float:
 
 
 RUNNERS = {"ceiling": run_ceiling, "ceiling-seq": run_ceiling_seq, "ceiling-iid": run_ceiling_iid,
+           "ceiling-jax": run_ceiling_jax,
            "headrace": run_headrace, "headrace-seq": run_headrace_seq,
            "headrace-iid": run_headrace_iid, "headrace-load": run_headrace_load,
            "headrace-loaderx": run_headrace_loaderx,
@@ -409,7 +429,8 @@ RUNNERS = {"ceiling": run_ceiling, "ceiling-seq": run_ceiling_seq, "ceiling-iid"
 # the ceiling of equal work for each peer: the same order (so the same gather pattern)
 CEILING_OF = {"headrace-seq": "ceiling-seq", "ceiling-seq": "ceiling-seq",
               "headrace-iid": "ceiling-iid", "ceiling-iid": "ceiling-iid",
-              "headrace-loaderx": "ceiling-iid", "headrace-loaderx-npy": "ceiling-iid"}
+              "headrace-loaderx": "ceiling-iid", "headrace-loaderx-npy": "ceiling-iid",
+              "ceiling-jax": "ceiling-jax", "headrace-jax": "ceiling-jax"}
 
 
 def _cpu_seconds() -> float:
@@ -432,9 +453,9 @@ def import_for(peer: str) -> None:
         import torch.utils.data  # noqa: F401
     if peer in ("headrace-torch", "headrace-torch-direct"):
         import headrace.torch
-    if peer == "headrace-jax":
+    if peer in ("headrace-jax", "ceiling-jax"):
         import jax  # noqa: F401
-
+    if peer == "headrace-jax":
         import headrace.jax
     if peer == "grain":
         import grain  # noqa: F401
@@ -571,6 +592,11 @@ def main() -> None:
               f"{args.rows / peer.seconds[0]:,.0f} | {first_ratio} | "
               f"{cpu / batches * 1e6:,.0f} | {cpu_ratio} | {peer.final['peak_rss_mb']:,.0f} | "
               f"{peer.final['anon_mb']:,.0f} |")
+    jx, plain = by_name.get("headrace-jax"), by_name.get("ceiling")
+    if jx is not None and plain is not None:  # the ceiling that places nothing, for reference
+        ratios = [c / s for c, s in zip(steady(plain), steady(jx), strict=True)]
+        print(f"\nheadrace-jax against the plain shuffled ceiling (no device_put): "
+              f"{np.median(ratios):.2f}x")
     for peer in peers:
         if peer.sampler_s:
             shares = [b / (e / batches) for b, e in zip(peer.sampler_s, peer.seconds, strict=True)]
