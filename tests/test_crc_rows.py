@@ -16,10 +16,15 @@ from headrace._store import format as _format
 NOT_BUILT = "headrace._store._crcrows was not built: `pip install -e .` with a C compiler builds it"
 
 
-@pytest.fixture(params=["c", "python"])
+@pytest.fixture(params=["c", "c-crc32", "python"])
 def path_kind(request, monkeypatch):
-    if request.param == "c":
+    if request.param.startswith("c"):
         assert crc_rows.accelerated(), NOT_BUILT
+        if request.param == "c-crc32":  # no carry-less-multiply folds, where the CPU has them
+            from headrace._store import _crcrows
+
+            before = _crcrows.set_folds(False)
+            request.addfinalizer(lambda: _crcrows.set_folds(before))
     else:
         from headrace._store import reader
 
@@ -28,7 +33,10 @@ def path_kind(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("row_bytes", [0, 1, 7, 8, 9, 24, 3072, 3075])
+# 255..513 and up: around where rows switch to the carry-less-multiply folds and their 256- and
+# 64-byte steps (on a CPU with AVX-512 VPCLMULQDQ; elsewhere the crc32 instruction's path again)
+@pytest.mark.parametrize("row_bytes", [0, 1, 7, 8, 9, 24, 255, 256, 257, 319, 320, 383, 511, 512,
+                                       513, 3072, 3075, 70_001])
 def test_rows_match_google_crc32c(path_kind, row_bytes):
     rng = np.random.default_rng(row_bytes)
     rows = rng.integers(0, 256, (37, row_bytes), dtype=np.uint8)
@@ -119,9 +127,19 @@ def _rows_and_aux(n, rec, seed):
     return src, aux
 
 
-@pytest.mark.parametrize("rec", [1, 8, 100, 3072])
-def test_take_checked_copies_rows_and_checks_the_unverified_ones(rec):
+@pytest.fixture(params=[True, False], ids=["folds", "crc32"])
+def folds(request):
+    """take_checked with and without the carry-less-multiply folds (where the CPU has them)."""
     assert crc_rows.take_checked is not None, NOT_BUILT
+    from headrace._store import _crcrows
+
+    before = _crcrows.set_folds(request.param)
+    yield request.param
+    _crcrows.set_folds(before)
+
+
+@pytest.mark.parametrize("rec", [1, 8, 100, 256, 3072, 3075, 70_001])
+def test_take_checked_copies_rows_and_checks_the_unverified_ones(rec, folds):
     n = 200
     src, aux = _rows_and_aux(n, rec, rec)
     damaged = [7, 50, 51]

@@ -5,8 +5,9 @@
  * rows(buffer, row_bytes, positions) -> bytes of uint32 (native order): the crc32c (Castagnoli,
  * the value google_crc32c.value gives) of rows positions[0], positions[1], ... of a C-contiguous
  * buffer cut into rows of row_bytes. One Python call per record costs ~0.5 us on top of the
- * checksum itself; here a batch is one call. On x86-64 with SSE4.2 three rows run at once, so the
- * crc32 instruction's latency overlaps (independent rows need no combine step); elsewhere a
+ * checksum itself; here a batch is one call. On x86-64 with AVX-512 VPCLMULQDQ, rows of 256 bytes
+ * and more fold by carry-less multiplication; otherwise, with SSE4.2, three rows run at once, so
+ * the crc32 instruction's latency overlaps (independent rows need no combine step); elsewhere a
  * table-driven loop gives the same values.
  *
  * take_checked(src, row_bytes, rows, ids, aux, bits, out) -> (new, bad): a gather and its first-read
@@ -94,14 +95,82 @@ __attribute__((target("sse4.2"))) static void crc_hw3(const uint8_t *a, const ui
     out[1] = ~y32;
     out[2] = ~z32;
 }
+/* Long rows by carry-less multiplication (VPCLMULQDQ, AVX-512): 128-bit lanes of the row each
+ * fold a later block in (lane * x^D mod P, as two 64-bit halves times constants), 16 lanes at a
+ * time in four 512-bit registers (independent chains, so the multiplier's latency overlaps): on
+ * data in cache about 45 GB/s where three crc32-instruction chains give 28. The lanes then fold
+ * into one, whose 16 bytes and the row's last < 64 bytes go through the crc32 instruction.
+ * Constants: x^(D+32) mod P and x^(D-32) mod P for a fold of D bits, bit-reflected over 33 bits
+ * (reflected operands make a product come out shifted by one bit). One lane's fold: */
+#include <wmmintrin.h>
+#define FOLD(d, hi) _mm_set_epi64x((long long)(hi), (long long)(d))
+
+__attribute__((target("sse4.2,pclmul"))) static inline __m128i fold(__m128i x, __m128i k,
+                                                                    __m128i data) {
+    return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00),
+                                       _mm_clmulepi64_si128(x, k, 0x11)), data);
+}
+
+/* four lanes' folds in one 512-bit register */
+#include <immintrin.h>
+#define FOLD4(d, hi) _mm512_broadcast_i32x4(FOLD(d, hi))
+
+__attribute__((target("sse4.2,pclmul,avx512f,vpclmulqdq"))) static inline __m512i
+fold4(__m512i x, __m512i k, __m512i data) {
+    return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(x, k, 0x00),
+                                     _mm512_clmulepi64_epi128(x, k, 0x11), data, 0x96);
+}
+
+__attribute__((target("sse4.2,pclmul,avx512f,vpclmulqdq"))) static uint32_t
+crc_vclmul(const uint8_t *p, Py_ssize_t n) {
+    const __m512i k2048 = FOLD4(0xdcb17aa4, 0xb9e02b86), k1536 = FOLD4(0xa87ab8a8, 0xab7aff2a),
+                  k1024 = FOLD4(0x6992cea2, 0xd3b6092), k512 = FOLD4(0x740eef02, 0x9e4addf8);
+    const __m128i k384 = FOLD(0x1c291d04, 0x1d82c63da), k256 = FOLD(0x1384aa63a, 0xba4fc28e),
+                  k128 = FOLD(0xf20c0dfe, 0x14cd00bd6);
+    __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + 64),
+            c = _mm512_loadu_si512(p + 128), d = _mm512_loadu_si512(p + 192);
+    a = _mm512_xor_si512(a, _mm512_castsi128_si512(_mm_cvtsi32_si128((int)0xFFFFFFFF)));
+    Py_ssize_t i = 256;
+    for (; n - i >= 256; i += 256) {
+        a = fold4(a, k2048, _mm512_loadu_si512(p + i));
+        b = fold4(b, k2048, _mm512_loadu_si512(p + i + 64));
+        c = fold4(c, k2048, _mm512_loadu_si512(p + i + 128));
+        d = fold4(d, k2048, _mm512_loadu_si512(p + i + 192));
+    }
+    a = fold4(a, k1536, _mm512_ternarylogic_epi64(fold4(b, k1024, _mm512_setzero_si512()),
+                                                   fold4(c, k512, _mm512_setzero_si512()), d, 0x96));
+    for (; n - i >= 64; i += 64) a = fold4(a, k512, _mm512_loadu_si512(p + i));
+    __m128i l0 = _mm512_castsi512_si128(a), l1 = _mm512_extracti32x4_epi32(a, 1),
+            l2 = _mm512_extracti32x4_epi32(a, 2), l3 = _mm512_extracti32x4_epi32(a, 3);
+    __m128i x = _mm_xor_si128(_mm_xor_si128(fold(l0, k384, l3), fold(l1, k256, _mm_setzero_si128())),
+                              fold(l2, k128, _mm_setzero_si128()));
+    uint64_t crc = _mm_crc32_u64(_mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(x)),
+                                 (uint64_t)_mm_extract_epi64(x, 1));
+    for (; n - i >= 8; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        crc = _mm_crc32_u64(crc, w);
+    }
+    uint32_t c32 = (uint32_t)crc;
+    for (; i < n; i++) c32 = _mm_crc32_u8(c32, p[i]);
+    return ~c32;
+}
+#define VCLMUL_MIN_BYTES 256  /* the four registers' first load */
 #else
 #define HAVE_HW 0
+#define VCLMUL_MIN_BYTES PY_SSIZE_T_MAX
+#define crc_vclmul(p, n) 0u
 #endif
 
-static int hw = 0;
+static int hw = 0, hw_vclmul = 0, hw_vclmul_cpu = 0;
+#define COPY_RUN_BYTES (64 << 10)
+
+/* whether rows of rb bytes are checked by crc_vclmul (else three rows share the crc32 unit) */
+static inline int use_vclmul(Py_ssize_t rb) { return hw_vclmul && rb >= VCLMUL_MIN_BYTES; }
 
 static uint32_t crc_one(const uint8_t *p, Py_ssize_t n) {
 #if HAVE_HW
+    if (use_vclmul(n)) return crc_vclmul(p, n);
     if (hw) return crc_hw1(p, n);
 #endif
     return crc_soft(p, n);
@@ -132,6 +201,8 @@ static PyObject *rows(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     Py_ssize_t j = 0;
 #if HAVE_HW
+    if (use_vclmul(rb))
+        for (; j < n; j++) out[j] = crc_vclmul(base + ps[j] * rb, rb);
     if (hw) {
         for (; j + 3 <= n; j += 3)
             crc_hw3(base + ps[j] * rb, base + ps[j + 1] * rb, base + ps[j + 2] * rb, rb, out + j);
@@ -267,10 +338,26 @@ static PyObject *take_checked(PyObject *self, PyObject *args) {
     const uint8_t *s = (const uint8_t *)src.buf;
     uint8_t *o = (uint8_t *)out.buf, *bm = have_bits ? (uint8_t *)bits.buf : NULL;
     const uint32_t *want = (const uint32_t *)aux.buf;
+    const int vclmul = use_vclmul(rb);
     Py_BEGIN_ALLOW_THREADS
     Py_ssize_t pend[3];
     int k = 0;
-    for (Py_ssize_t j = 0; j < n; j++) {
+    if (vclmul) {
+        /* copy a run of rows (up to COPY_RUN_BYTES, cache-resident), then check the copies: a
+         * checksum between each row's copy stalls the copying stream, and this one is fast
+         * enough that the copy is most of the work */
+        Py_ssize_t run = COPY_RUN_BYTES / rb > 0 ? COPY_RUN_BYTES / rb : 1;
+        for (Py_ssize_t j0 = 0; j0 < n; j0 += run) {
+            Py_ssize_t j1 = j0 + run < n ? j0 + run : n;
+            for (Py_ssize_t j = j0; j < j1; j++) memcpy(o + j * rb, s + rs[j] * rb, (size_t)rb);
+            for (Py_ssize_t j = j0; j < j1; j++) {
+                if (bm != NULL && ((bm[id[j] >> 3] >> (id[j] & 7)) & 1)) continue;
+                settle(bm, id[j], j, crc_vclmul(o + j * rb, rb), want[2 * id[j]], &added, bad,
+                       &nbad);
+            }
+        }
+    }
+    for (Py_ssize_t j = 0; j < n && !vclmul; j++) {
         memcpy(o + j * rb, s + rs[j] * rb, (size_t)rb);
         if (bm != NULL && ((bm[id[j] >> 3] >> (id[j] & 7)) & 1)) continue;
         pend[k++] = j;
@@ -313,7 +400,21 @@ done:
     return res;
 }
 
+/* set_folds(on) -> bool: whether long rows fold by VPCLMULQDQ (where the CPU has it) from now on;
+ * returns the previous setting. For tests, so that both paths run on a machine with AVX-512. */
+static PyObject *set_folds(PyObject *self, PyObject *arg) {
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    int before = hw_vclmul;
+#if HAVE_HW
+    hw_vclmul = on && hw_vclmul_cpu;
+#endif
+    return PyBool_FromLong(before);
+}
+
 static PyMethodDef methods[] = {
+    {"set_folds", set_folds, METH_O,
+     "set_folds(on) -> bool: fold long rows by carry-less multiplication where the CPU can"},
     {"unset", unset, METH_VARARGS,
      "unset(bits, ids) -> bytes: int64 positions j whose bit ids[j] is not set"},
     {"mark", mark, METH_VARARGS, "mark(bits, ids) -> int: set the bits of ids, count the new ones"},
@@ -331,9 +432,14 @@ PyMODINIT_FUNC PyInit__crcrows(void) {
 #if HAVE_HW
     __builtin_cpu_init();
     hw = __builtin_cpu_supports("sse4.2") != 0;
+    hw_vclmul = hw_vclmul_cpu = hw && __builtin_cpu_supports("pclmul") &&
+                                __builtin_cpu_supports("avx512f") &&
+                                __builtin_cpu_supports("vpclmulqdq");
 #endif
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "hardware", hw) < 0) {
+    if (m != NULL && (PyModule_AddIntConstant(m, "hardware", hw) < 0 ||
+                      PyModule_AddIntConstant(m, "vclmul_min_bytes",
+                                              hw_vclmul ? VCLMUL_MIN_BYTES : 0) < 0)) {
         Py_DECREF(m);
         return NULL;
     }
