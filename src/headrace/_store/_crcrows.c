@@ -339,41 +339,33 @@ static PyObject *take_checked(PyObject *self, PyObject *args) {
     uint8_t *o = (uint8_t *)out.buf, *bm = have_bits ? (uint8_t *)bits.buf : NULL;
     const uint32_t *want = (const uint32_t *)aux.buf;
     const int vclmul = use_vclmul(rb);
+    /* rows are copied a run at a time (up to COPY_RUN_BYTES, which stays in cache) and then the
+     * copies checked: a checksum between each row's copy stalls the copying stream */
+    const Py_ssize_t run = COPY_RUN_BYTES / rb > 0 ? COPY_RUN_BYTES / rb : 1;
     Py_BEGIN_ALLOW_THREADS
     Py_ssize_t pend[3];
     int k = 0;
-    if (vclmul) {
-        /* copy a run of rows (up to COPY_RUN_BYTES, cache-resident), then check the copies: a
-         * checksum between each row's copy stalls the copying stream, and this one is fast
-         * enough that the copy is most of the work */
-        Py_ssize_t run = COPY_RUN_BYTES / rb > 0 ? COPY_RUN_BYTES / rb : 1;
-        for (Py_ssize_t j0 = 0; j0 < n; j0 += run) {
-            Py_ssize_t j1 = j0 + run < n ? j0 + run : n;
-            for (Py_ssize_t j = j0; j < j1; j++) memcpy(o + j * rb, s + rs[j] * rb, (size_t)rb);
-            for (Py_ssize_t j = j0; j < j1; j++) {
-                if (bm != NULL && ((bm[id[j] >> 3] >> (id[j] & 7)) & 1)) continue;
+    for (Py_ssize_t j0 = 0; j0 < n; j0 += run) {
+        Py_ssize_t j1 = j0 + run < n ? j0 + run : n;
+        for (Py_ssize_t j = j0; j < j1; j++) memcpy(o + j * rb, s + rs[j] * rb, (size_t)rb);
+        for (Py_ssize_t j = j0; j < j1; j++) {
+            if (bm != NULL && ((bm[id[j] >> 3] >> (id[j] & 7)) & 1)) continue;
+            if (vclmul) {
                 settle(bm, id[j], j, crc_vclmul(o + j * rb, rb), want[2 * id[j]], &added, bad,
                        &nbad);
+                continue;
             }
-        }
-    }
-    for (Py_ssize_t j = 0; j < n && !vclmul; j++) {
-        memcpy(o + j * rb, s + rs[j] * rb, (size_t)rb);
-        if (bm != NULL && ((bm[id[j] >> 3] >> (id[j] & 7)) & 1)) continue;
-        pend[k++] = j;
-#if HAVE_HW
-        if (k == 3 && hw) {  /* three copied rows, still in L1: three independent crc chains */
+            pend[k++] = j;
+            if (k < 3) continue;
             uint32_t got[3];
-            crc_hw3(o + pend[0] * rb, o + pend[1] * rb, o + pend[2] * rb, rb, got);
+#if HAVE_HW
+            if (hw)  /* three independent crc chains */
+                crc_hw3(o + pend[0] * rb, o + pend[1] * rb, o + pend[2] * rb, rb, got);
+            else
+#endif
+                for (int q = 0; q < 3; q++) got[q] = crc_one(o + pend[q] * rb, rb);
             for (int q = 0; q < 3; q++)
                 settle(bm, id[pend[q]], pend[q], got[q], want[2 * id[pend[q]]], &added, bad, &nbad);
-            k = 0;
-        }
-#endif
-        if (k == 3) {
-            for (int q = 0; q < 3; q++)
-                settle(bm, id[pend[q]], pend[q], crc_one(o + pend[q] * rb, rb),
-                       want[2 * id[pend[q]]], &added, bad, &nbad);
             k = 0;
         }
     }
