@@ -612,3 +612,26 @@ def test_byte_aware_batching_cuts_by_record_bytes_or_is_refused(kind: Kind, data
         assert _read_ids(again) == rest
     with pytest.raises(headrace.ConfigError, match="bytes > batch_bytes"):
         kind.make(data, batch_bytes=int(sizes.max()) - 1)
+
+
+# -- who gathers: workers parked or running ----------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ALL, ids=repr)
+def test_parking_and_running_the_workers_mid_stream_changes_nothing(kind: Kind, data: Data,
+                                                                    monkeypatch) -> None:
+    # The engine parks its workers while the consumer alone is faster (``_engine.solo``); here it
+    # switches on every batch, so consumer-only and worker gathers alternate: the same stream.
+    from headrace._engine.solo import SoloProbe
+
+    ref = reference(kind, data)
+    switches = []
+
+    def flip(self: SoloProbe, now: float) -> bool:
+        self.solo = not self.solo
+        switches.append(self.solo)
+        return self.solo
+
+    monkeypatch.setattr(SoloProbe, "leave", flip)
+    assert reference(kind, data) == ref, f"{kind}: the stream changed with parked workers"
+    assert switches, f"{kind}: no engine consulted its probe"

@@ -23,6 +23,9 @@ Invariants:
   change; a producer-bound loop then pays no thread hand-off for that batch.
 * A consumer waiting for a batch checks every ``_LIVENESS_S`` that a worker is still alive, so
   workers killed outside the guarded code give a ``LoaderError``, never a hang.
+* An untuned engine whose consumer waits on it times batches with and without its workers and
+  parks them while the consumer alone is faster (``_engine.solo``: cheap gathers, where thread
+  hand-offs cost more than they save); a consumer that cannot gather without waiting unparks them.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from headrace._engine.history import delivered, token_at, tracked
 from headrace._engine.keywords import checked
 from headrace._engine.launcher import resolve as resolve_launch
 from headrace._engine.seeds import SeededUser, wanted
+from headrace._engine.solo import SoloProbe
 from headrace._engine.stats import LoaderCounters, print_line
 from headrace._engine.timeline import Recorder
 from headrace._order.byte_plan import BytePlan
@@ -168,6 +172,8 @@ class _Engine:
         self.busy = [[0.0, 0.0, 0.0] for _ in range(count + 1)]
         self.cpu_clock = tuner is not None  # gather CPU seconds (busy[i][2]) are the tuner's
         self.tids = [0] * count  # each worker's native thread id, for runqueue_seconds()
+        # untuned: whether the consumer gathers alone is measured (the tuner owns ``active``)
+        self.probe = SoloProbe(settle=self.window + 1) if tuner is None else None
         self.threads = [threading.Thread(target=self._work, args=(i,),
                                          name=f"headrace-worker-{i}", daemon=True)
                         for i in range(count)]
@@ -494,6 +500,9 @@ class _Engine:
                               "not survive fork(); create the loader in the process that "
                               "iterates it (e.g. inside each DataLoader worker)")
         tried_inline = False
+        probe = self.probe
+        if probe is not None:
+            probe.enter(time.monotonic())
         while True:
             inline = False
             rerun: _Result | None = None
@@ -535,8 +544,21 @@ class _Engine:
                 self._run(rerun, self.busy[-1], inline=True)
             elif inline:
                 tried_inline = not self._inline()
+                if tried_inline and probe is not None and self.active == 0:
+                    self._set_solo(probe.refused())  # a parked worker reserves it, waiting
         self.budget.release(result.nbytes)
+        if probe is not None:
+            solo = probe.leave(time.monotonic())
+            if solo is not None:
+                self._set_solo(solo)
         return result
+
+    def _set_solo(self, solo: bool) -> None:
+        """Park every worker (the consumer gathers alone) or run them all again."""
+        with self.lock:
+            self.active = 0 if solo else len(self.threads)
+            if not solo:
+                self.park_cv.notify_all()
 
     def _wait_locked(self, k: int, ram_wait_s: float) -> None:
         """Wait (locked) for batch ``k``; raise when the RAM cap or dead workers stop it."""

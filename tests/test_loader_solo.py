@@ -1,0 +1,114 @@
+"""The consumer gathering alone: ``_engine.solo.SoloProbe`` and the engine parking its workers."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+import headrace
+from headrace._engine import solo
+from headrace._engine.budget import ByteBudget
+from headrace._engine.solo import SoloProbe
+
+
+def _drive(probe: SoloProbe, batches: int, *, solo_s: float, workers_s: float,
+           outside_s: float = 0.0, clock: list[float] | None = None) -> list[bool]:
+    """Feeds ``batches`` deliveries to ``probe`` on a fake clock: each takes ``solo_s`` or
+    ``workers_s`` inside ``next()`` (by the probe's current way) and ``outside_s`` outside.
+    Returns the switches it asked for."""
+    now = clock if clock is not None else [0.0]
+    asked = []
+    for _ in range(batches):
+        probe.enter(now[0])
+        now[0] += solo_s if probe.solo else workers_s
+        got = probe.leave(now[0])
+        if got is not None:
+            asked.append(got)
+        now[0] += outside_s
+    return asked
+
+
+def test_a_faster_solo_is_kept_then_both_are_timed_again():
+    probe = SoloProbe(settle=3)
+    per_cycle = 3 + solo._TIMED + 3 + solo._TIMED + solo._KEEP
+    asked = _drive(probe, per_cycle + 3 + solo._TIMED + 3 + 1, solo_s=40e-6, workers_s=90e-6)
+    # workers timed -> solo timed and kept -> workers timed again -> solo timed again
+    assert asked == [True, False, True]
+    assert probe.solo
+
+
+def test_faster_workers_are_kept():
+    probe = SoloProbe(settle=3)
+    asked = _drive(probe, 3 + solo._TIMED + 3 + solo._TIMED + solo._KEEP, solo_s=200e-6,
+                   workers_s=90e-6)
+    assert asked == [True, False]  # solo was only tried
+    assert not probe.solo
+
+
+def test_a_consumer_with_work_of_its_own_keeps_the_workers():
+    # a training step between batches: the workers gather while it runs, never parked
+    probe = SoloProbe(settle=3)
+    assert _drive(probe, 2000, solo_s=40e-6, workers_s=90e-6, outside_s=2e-3) == []
+
+
+def test_a_refused_inline_gather_runs_the_workers_and_times_afresh():
+    probe = SoloProbe(settle=2)
+    clock = [0.0]
+    assert _drive(probe, 2 + solo._TIMED, solo_s=1e-5, workers_s=1e-4, clock=clock) == [True]
+    assert probe.refused() is False and not probe.solo
+    assert _drive(probe, 2 + solo._TIMED, solo_s=1e-5, workers_s=1e-4, clock=clock) == [True]
+
+
+def test_parked_workers_change_nothing_of_the_stream(monkeypatch):
+    # the engine parks and runs its workers every few batches: same batches, same order
+    x = np.arange(4000 * 3, dtype=np.int64).reshape(4000, 3)
+    with headrace.Loader({"x": x}, batch=16, order="shuffle", seed=5, threads=2) as ld:
+        ref = [b["x"].copy() for b in ld]
+    flips = []
+
+    def flip(self, now):
+        flips.append(not self.solo)
+        self.solo = not self.solo
+        return self.solo
+
+    monkeypatch.setattr(SoloProbe, "leave", flip)
+    with headrace.Loader({"x": x}, batch=16, order="shuffle", seed=5, threads=2) as ld:
+        got = [b["x"].copy() for b in ld]
+    assert len(flips) == len(ref) and any(flips)
+    assert len(got) == len(ref) and all(np.array_equal(a, b) for a, b in zip(got, ref, strict=True))
+
+
+def test_a_parked_engine_whose_consumer_cannot_reserve_runs_its_workers(monkeypatch):
+    # Another holder of a shared budget takes every byte the loader gives back: the consumer's
+    # inline dispatch cannot reserve without waiting, so the parked workers must run again (one
+    # waits for the budget, as workers do) or next() would wait for a batch nobody reserves.
+    monkeypatch.setattr(SoloProbe, "leave", lambda self, now: None)  # parked until refused
+    refusals = []
+    refused = SoloProbe.refused
+    monkeypatch.setattr(SoloProbe, "refused", lambda self: refusals.append(1) or refused(self))
+    x = np.zeros((64, 1024), np.uint8)
+    budget = ByteBudget(64 << 10)
+    held = [0]
+    stop = threading.Event()
+
+    def hog():  # holds whatever is free until told to stop, then gives it all back
+        while not stop.is_set():
+            if budget.acquire(1024, timeout_s=0.005):
+                held[0] += 1024
+        budget.release(held[0])
+
+    with headrace.Loader({"x": x}, batch=8, threads=1, budget=budget) as ld:
+        first = next(ld)["x"].copy()
+        ld._engine.probe.solo = True
+        ld._engine._set_solo(True)
+        hogger = threading.Thread(target=hog)
+        hogger.start()
+        threading.Timer(0.3, stop.set).start()
+        t0 = time.monotonic()
+        rest = [b["x"].copy() for b in ld]
+        hogger.join()
+    assert first.shape == (8, 1024) and len(rest) == 7
+    assert refusals, "the consumer never found the budget taken"
+    assert time.monotonic() - t0 < 5.0
