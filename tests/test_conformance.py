@@ -627,7 +627,7 @@ def test_parking_and_running_the_workers_mid_stream_changes_nothing(kind: Kind, 
     ref = reference(kind, data)
     switches = []
 
-    def flip(self: SoloProbe, now: float) -> bool:
+    def flip(self: SoloProbe, now: float, *own: Any) -> bool:
         self.solo = not self.solo
         switches.append(self.solo)
         return self.solo

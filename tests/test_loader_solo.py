@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -14,16 +15,22 @@ from headrace._engine.solo import SoloProbe
 
 
 def _drive(probe: SoloProbe, batches: int, *, solo_s: float, workers_s: float,
-           outside_s: float = 0.0, clock: list[float] | None = None) -> list[bool]:
+           own_s: float | None = None, outside_s: float = 0.0,
+           clock: list[float] | None = None) -> list[bool]:
     """Feeds ``batches`` deliveries to ``probe`` on a fake clock: each takes ``solo_s`` or
-    ``workers_s`` inside ``next()`` (by the probe's current way) and ``outside_s`` outside.
-    Returns the switches it asked for."""
+    ``workers_s`` inside ``next()`` (by the probe's current way) and ``outside_s`` outside; with
+    the workers running the consumer gathers every other batch itself, in ``own_s`` (default:
+    ``solo_s``). Returns the switches it asked for."""
     now = clock if clock is not None else [0.0]
+    own = [0.0, 0]
     asked = []
-    for _ in range(batches):
+    for i in range(batches):
         probe.enter(now[0])
         now[0] += solo_s if probe.solo else workers_s
-        got = probe.leave(now[0])
+        if probe.solo or i % 2:
+            own[0] += solo_s if probe.solo or own_s is None else own_s
+            own[1] += 1
+        got = probe.leave(now[0], own[0], own[1])
         if got is not None:
             asked.append(got)
         now[0] += outside_s
@@ -40,11 +47,19 @@ def test_a_faster_solo_is_kept_then_both_are_timed_again():
 
 
 def test_faster_workers_are_kept():
+    # the consumer's own gathers looked fast, but alone it was slower: tried once, then kept off
     probe = SoloProbe(settle=3)
     asked = _drive(probe, 3 + solo._TIMED + 3 + solo._TIMED + solo._KEEP, solo_s=200e-6,
-                   workers_s=90e-6)
-    assert asked == [True, False]  # solo was only tried
+                   workers_s=90e-6, own_s=60e-6)
+    assert asked == [True, False]
     assert not probe.solo
+
+
+def test_gathers_slower_than_the_delivery_rate_get_no_trial():
+    # the consumer's own gathers take longer than the workers deliver a batch (expensive gathers
+    # that the threads split well): the consumer alone cannot be faster, and is never tried
+    probe = SoloProbe(settle=3)
+    assert _drive(probe, 5000, solo_s=200e-6, workers_s=90e-6) == []
 
 
 def test_a_consumer_with_work_of_its_own_keeps_the_workers():
@@ -68,7 +83,7 @@ def test_parked_workers_change_nothing_of_the_stream(monkeypatch):
         ref = [b["x"].copy() for b in ld]
     flips = []
 
-    def flip(self, now):
+    def flip(self, now, *own):
         flips.append(not self.solo)
         self.solo = not self.solo
         return self.solo
@@ -84,7 +99,7 @@ def test_a_parked_engine_whose_consumer_cannot_reserve_runs_its_workers(monkeypa
     # Another holder of a shared budget takes every byte the loader gives back: the consumer's
     # inline dispatch cannot reserve without waiting, so the parked workers must run again (one
     # waits for the budget, as workers do) or next() would wait for a batch nobody reserves.
-    monkeypatch.setattr(SoloProbe, "leave", lambda self, now: None)  # parked until refused
+    monkeypatch.setattr(SoloProbe, "leave", lambda self, *args: None)  # parked until refused
     refusals = []
     refused = SoloProbe.refused
     monkeypatch.setattr(SoloProbe, "refused", lambda self: refusals.append(1) or refused(self))
@@ -112,3 +127,17 @@ def test_a_parked_engine_whose_consumer_cannot_reserve_runs_its_workers(monkeypa
     assert first.shape == (8, 1024) and len(rest) == 7
     assert refusals, "the consumer never found the budget taken"
     assert time.monotonic() - t0 < 5.0
+
+
+def test_each_lost_trial_doubles_the_stretch_before_the_next():
+    probe = SoloProbe(settle=3)
+    now, own, trials = [0.0], [0.0, 0], []
+    for i in range(20_000):
+        probe.enter(now[0])
+        now[0] += 200e-6 if probe.solo else 90e-6  # alone is slower...
+        own[0] += 60e-6  # ...though its own gathers looked fast
+        own[1] += 1
+        if probe.leave(now[0], own[0], own[1]) is True:
+            trials.append(i)
+    gaps = [b - a for a, b in itertools.pairwise(trials)]
+    assert len(gaps) >= 3 and all(b > 1.8 * a for a, b in itertools.pairwise(gaps)), gaps

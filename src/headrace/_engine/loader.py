@@ -172,8 +172,12 @@ class _Engine:
         self.busy = [[0.0, 0.0, 0.0] for _ in range(count + 1)]
         self.cpu_clock = tuner is not None  # gather CPU seconds (busy[i][2]) are the tuner's
         self.tids = [0] * count  # each worker's native thread id, for runqueue_seconds()
-        # untuned: whether the consumer gathers alone is measured (the tuner owns ``active``)
+        # untuned: whether the consumer gathers faster alone is measured (``_engine.solo``;
+        # a tuner owns ``active`` and grows the threads while the consumer waits)
         self.probe = SoloProbe(settle=self.window + 1) if tuner is None else None
+        self.workers = self.active
+        self.parked = False
+        self.own_batches = 0  # batches the consumer gathered itself (its time: busy[-1])
         self.threads = [threading.Thread(target=self._work, args=(i,),
                                          name=f"headrace-worker-{i}", daemon=True)
                         for i in range(count)]
@@ -368,7 +372,8 @@ class _Engine:
         still reserved per batch, so the byte and RAM caps hold through any resize.
         """
         with self.lock:
-            self.active = max(1, min(threads, len(self.threads)))
+            self.workers = max(1, min(threads, len(self.threads)))
+            self.active = 0 if self.parked else self.workers
             self.window = max(1, window)
             self.park_cv.notify_all()
             self.space_cv.notify_all()
@@ -475,6 +480,7 @@ class _Engine:
         if task is None:
             return False
         self._run(task, self.busy[-1], inline=True)
+        self.own_batches += 1
         return True
 
     def _check_alive(self) -> None:
@@ -544,19 +550,22 @@ class _Engine:
                 self._run(rerun, self.busy[-1], inline=True)
             elif inline:
                 tried_inline = not self._inline()
-                if tried_inline and probe is not None and self.active == 0:
+                if tried_inline and self.parked and probe is not None:
                     self._set_solo(probe.refused())  # a parked worker reserves it, waiting
         self.budget.release(result.nbytes)
         if probe is not None:
-            solo = probe.leave(time.monotonic())
+            own = self.busy[-1]
+            solo = probe.leave(time.monotonic(), own[0] + own[1], self.own_batches)
             if solo is not None:
                 self._set_solo(solo)
         return result
 
     def _set_solo(self, solo: bool) -> None:
-        """Park every worker (the consumer gathers alone) or run them all again."""
+        """Park every worker (the consumer gathers alone) or run them again (``workers`` of
+        them: all, or as many as the tuner set)."""
         with self.lock:
-            self.active = 0 if solo else len(self.threads)
+            self.parked = solo
+            self.active = 0 if solo else self.workers
             if not solo:
                 self.park_cv.notify_all()
 

@@ -5,10 +5,14 @@ every worker is busy, so the two share the batches. When a batch's gather is che
 read is one ``memcpy`` of 40 us), that sharing costs more than it gains: each batch moves the GIL
 between threads and each worker wake-up crosses CPUs, which on a VM costs as much as the copy.
 The consumer gathering alone, workers parked, then delivers more batches per second at less CPU
-per batch. Which side wins depends on the machine, the source and the transform, so this is
-measured, not guessed: while the consumer is the bottleneck's victim (it spends little time
-outside ``next()``), the probe times a run of batches with the workers and a run without, keeps
-the faster for a longer stretch, and times both again after it. A consumer that spends real time
+per batch. Which side wins depends on the machine, the source and the transform, so it is
+measured: while the consumer waits on the loader (it spends little time outside ``next()``), the
+probe times a run of batches with the workers. When the consumer's own gathers in that run took
+longer per batch than the loader took to deliver one, the consumer alone cannot be faster
+(expensive gathers that the threads split well, as image decoding or shuffled reads: they get no
+trial, so they pay nothing for it). Otherwise (or when it gathered too few to tell: many workers
+keep ahead of it) a run is timed with the workers parked, and the faster way is kept for a longer
+stretch before both are timed again; each trial the consumer alone loses doubles that stretch. A consumer that spends real time
 between batches (a training step) always keeps the workers: they gather while it computes.
 
 Parking workers changes who gathers, never what is gathered: batches are reserved, posted and
@@ -21,16 +25,18 @@ __all__ = ["SoloProbe"]
 
 _TIMED = 32  # batches timed each way
 _KEEP = 480  # batches the faster way is kept before both are timed again
+_KEEP_MAX = 16 * _KEEP  # each trial the consumer alone lost doubles the keep, up to this
 _BUSY_SHARE = 0.2  # the consumer counts as waiting on the loader below this share outside next()
 
 
 class SoloProbe:
     """Times batches with and without the workers and says which way to run.
 
-    ``leave(now)`` is called as each ``next()`` returns a batch, ``enter(now)`` as the next one
-    starts; ``leave`` returns ``True`` (park the workers), ``False`` (run them) or ``None`` (no
-    change). ``settle`` batches after each switch are not timed (the batches in flight drain, or
-    the workers start again).
+    ``leave(now, own_s, own_n)`` is called as each ``next()`` returns a batch, with the consumer's
+    cumulative seconds gathering (and transforming) batches itself and their count;
+    ``enter(now)`` as the next ``next()`` starts. ``leave`` returns ``True`` (park the workers),
+    ``False`` (run them) or ``None`` (no change). ``settle`` batches after each switch are not
+    timed (the batches in flight drain, or the workers start again).
     """
 
     def __init__(self, settle: int) -> None:
@@ -42,27 +48,37 @@ class SoloProbe:
         self._outside = 0.0  # seconds the consumer spent outside next() in this phase
         self._left_at: float | None = None
         self._workers_s = 0.0
+        self._own = (0.0, 0)  # the consumer's own gathers (seconds, batches) when timing began
+        self._last_own = (0.0, 0)
+        self._keep = _KEEP
 
     def enter(self, now: float) -> None:
         if self._left_at is not None:
             self._outside += now - self._left_at
 
-    def leave(self, now: float) -> bool | None:
-        self._left_at = now
+    def leave(self, now: float, own_s: float = 0.0, own_n: int = 0) -> bool | None:
+        self._left_at, self._last_own = now, (own_s, own_n)
         self._count += 1
         if self._count <= 0:
             if self._count == 0:  # settled: time from here
-                self._start, self._outside = now, 0.0
+                self._start, self._outside, self._own = now, 0.0, (own_s, own_n)
             return None
-        if self._count < (_KEEP if self._phase == "keep" else _TIMED):
+        if self._count < (self._keep if self._phase == "keep" else _TIMED):
             return None
         elapsed = now - self._start
         busy_elsewhere = self._outside > _BUSY_SHARE * elapsed
         if self._phase == "workers" and not busy_elsewhere:
             self._workers_s = elapsed
-            return self._switch("solo", True)
+            mine = own_n - self._own[1]
+            # Too few of its own gathers to tell (many workers keep ahead of it), or they were
+            # faster than batches came: worth a trial. Slower: alone it cannot be faster.
+            promising = mine * 4 < self._count or \
+                (own_s - self._own[0]) / mine < elapsed / self._count
+            return self._switch("solo", True) if promising else self._switch("keep", False)
         if self._phase == "solo" and not busy_elsewhere:
-            return self._switch("keep", elapsed < self._workers_s)
+            won = elapsed < self._workers_s
+            self._keep = _KEEP if won else min(2 * self._keep, _KEEP_MAX)
+            return self._switch("keep", won)
         # kept long enough, or the consumer has work of its own: the workers gather meanwhile
         return self._switch("workers", False)
 
@@ -81,5 +97,6 @@ class SoloProbe:
         self._outside = 0.0
         if not changed:  # nothing drains or restarts: time from this batch on
             self._start = self._left_at if self._left_at is not None else 0.0
+            self._own = self._last_own
             return None
         return solo
