@@ -68,6 +68,16 @@ def test_a_consumer_with_work_of_its_own_keeps_the_workers():
     assert _drive(probe, 2000, solo_s=40e-6, workers_s=90e-6, outside_s=2e-3) == []
 
 
+def test_too_few_own_gathers_to_tell_get_no_trial():
+    # the consumer never gathered (workers keep ahead, or no room in the window): no telling
+    probe = SoloProbe(settle=3)
+    now = 0.0
+    for _ in range(3000):
+        probe.enter(now)
+        now += 90e-6
+        assert probe.leave(now, 0.0, 0) is None
+
+
 def test_a_refused_inline_gather_runs_the_workers_and_times_afresh():
     probe = SoloProbe(settle=2)
     clock = [0.0]
@@ -141,3 +151,19 @@ def test_each_lost_trial_doubles_the_stretch_before_the_next():
             trials.append(i)
     gaps = [b - a for a, b in itertools.pairwise(trials)]
     assert len(gaps) >= 3 and all(b > 1.8 * a for a, b in itertools.pairwise(gaps)), gaps
+
+
+def test_a_tuned_engine_pauses_its_tuner_while_the_workers_are_parked(monkeypatch):
+    x = np.arange(3000 * 2, dtype=np.int64).reshape(3000, 2)
+    kw = {"batch": 8, "order": "shuffle", "seed": 1}
+    with headrace.Loader({"x": x}, **kw) as ld:
+        ref = [b["x"].copy() for b in ld]
+    monkeypatch.setattr(SoloProbe, "leave", lambda self, *args: None if self.solo else True)
+    with headrace.Loader({"x": x}, tune=True, timeline=False, **kw) as ld:
+        got = []
+        for b in ld:
+            got.append(b["x"].copy())
+            time.sleep(0.0002)  # lets the tuner's intervals pass
+        s = ld.stats()
+    assert all(np.array_equal(a, b) for a, b in zip(got, ref, strict=True))
+    assert s["autotune_last_reason"].startswith("paused"), s["autotune_last_reason"]

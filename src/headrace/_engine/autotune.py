@@ -406,6 +406,15 @@ class Tuner:
         self._move = None
         self.next_at = 0.0
 
+    def pause(self, now: float) -> None:
+        """The workers are parked (the consumer gathers faster alone, ``_engine.solo``): nothing
+        to tune meanwhile; measuring starts afresh once they run again (an interval spanning the
+        parked time would judge the workers by the consumer's batches)."""
+        self._last = None
+        self._move = None
+        self.next_at = now + self.min_seconds
+        self.last_reason = "paused: the consumer gathers alone, faster than with the workers"
+
     def stats(self) -> dict[str, Any]:
         """The tuner's readings and decisions, for ``stats()``."""
         return {"autotune_threads": self.threads, "autotune_prefetch_batches": self.prefetch,

@@ -23,8 +23,8 @@ Invariants:
   change; a producer-bound loop then pays no thread hand-off for that batch.
 * A consumer waiting for a batch checks every ``_LIVENESS_S`` that a worker is still alive, so
   workers killed outside the guarded code give a ``LoaderError``, never a hang.
-* An untuned engine whose consumer waits on it times batches with and without its workers and
-  parks them while the consumer alone is faster (``_engine.solo``: cheap gathers, where thread
+* An engine whose consumer waits on it times batches with and without its workers and parks
+  them while the consumer alone is faster (``_engine.solo``: cheap gathers, where thread
   hand-offs cost more than they save); a consumer that cannot gather without waiting unparks them.
 """
 
@@ -172,12 +172,15 @@ class _Engine:
         self.busy = [[0.0, 0.0, 0.0] for _ in range(count + 1)]
         self.cpu_clock = tuner is not None  # gather CPU seconds (busy[i][2]) are the tuner's
         self.tids = [0] * count  # each worker's native thread id, for runqueue_seconds()
-        # untuned: whether the consumer gathers faster alone is measured (``_engine.solo``;
-        # a tuner owns ``active`` and grows the threads while the consumer waits)
-        self.probe = SoloProbe(settle=self.window + 1) if tuner is None else None
+        # whether the consumer gathers faster alone is measured (``_engine.solo``); parked, no
+        # worker runs, whatever the tuner's thread count (``workers``, which applies again after)
+        self.probe: SoloProbe | None = SoloProbe(settle=self.window + 1)
         self.workers = self.active
         self.parked = False
-        self.own_batches = 0  # batches the consumer gathered itself (its time: busy[-1])
+        # batches the consumer gathered itself, and its CPU seconds on them (their wall time,
+        # busy[-1], also counts waits for the GIL, which two threads trade on every batch)
+        self.own_batches = 0
+        self.own_cpu_s = 0.0
         self.threads = [threading.Thread(target=self._work, args=(i,),
                                          name=f"headrace-worker-{i}", daemon=True)
                         for i in range(count)]
@@ -479,7 +482,9 @@ class _Engine:
             self.dispatch_lock.release()
         if task is None:
             return False
+        c0 = time.thread_time()
         self._run(task, self.busy[-1], inline=True)
+        self.own_cpu_s += time.thread_time() - c0
         self.own_batches += 1
         return True
 
@@ -554,8 +559,7 @@ class _Engine:
                     self._set_solo(probe.refused())  # a parked worker reserves it, waiting
         self.budget.release(result.nbytes)
         if probe is not None:
-            own = self.busy[-1]
-            solo = probe.leave(time.monotonic(), own[0] + own[1], self.own_batches)
+            solo = probe.leave(time.monotonic(), self.own_cpu_s, self.own_batches)
             if solo is not None:
                 self._set_solo(solo)
         return result
@@ -993,7 +997,9 @@ class Loader:
     def _tune_step(self, engine: _Engine, now: float) -> None:
         tuner = self._tuner
         assert tuner is not None
-        if tuner.step(self._signals(engine, now)):
+        if engine.parked:
+            tuner.pause(now)
+        elif tuner.step(self._signals(engine, now)):
             engine.resize(tuner.threads, tuner.window)
 
     def _enable_tune(self) -> None:

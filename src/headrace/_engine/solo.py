@@ -8,11 +8,13 @@ The consumer gathering alone, workers parked, then delivers more batches per sec
 per batch. Which side wins depends on the machine, the source and the transform, so it is
 measured: while the consumer waits on the loader (it spends little time outside ``next()``), the
 probe times a run of batches with the workers. When the consumer's own gathers in that run took
-longer per batch than the loader took to deliver one, the consumer alone cannot be faster
+more CPU per batch than the loader took time to deliver one, the consumer alone cannot be faster
 (expensive gathers that the threads split well, as image decoding or shuffled reads: they get no
-trial, so they pay nothing for it). Otherwise (or when it gathered too few to tell: many workers
-keep ahead of it) a run is timed with the workers parked, and the faster way is kept for a longer
-stretch before both are timed again; each trial the consumer alone loses doubles that stretch. A consumer that spends real time
+trial, so they pay nothing for it; their wall time would not tell, as it counts the waits for
+the GIL that two threads trade). Otherwise a run is timed
+with the workers parked, and the faster way is kept for a longer stretch before both are timed
+again; each trial the consumer alone loses doubles that stretch. Under ``tune=True`` the tuner
+pauses while the workers are parked and measures afresh when they run again. A consumer that spends real time
 between batches (a training step) always keeps the workers: they gather while it computes.
 
 Parking workers changes who gathers, never what is gathered: batches are reserved, posted and
@@ -33,7 +35,7 @@ class SoloProbe:
     """Times batches with and without the workers and says which way to run.
 
     ``leave(now, own_s, own_n)`` is called as each ``next()`` returns a batch, with the consumer's
-    cumulative seconds gathering (and transforming) batches itself and their count;
+    cumulative CPU seconds gathering (and transforming) batches itself and their count;
     ``enter(now)`` as the next ``next()`` starts. ``leave`` returns ``True`` (park the workers),
     ``False`` (run them) or ``None`` (no change). ``settle`` batches after each switch are not
     timed (the batches in flight drain, or the workers start again).
@@ -48,7 +50,7 @@ class SoloProbe:
         self._outside = 0.0  # seconds the consumer spent outside next() in this phase
         self._left_at: float | None = None
         self._workers_s = 0.0
-        self._own = (0.0, 0)  # the consumer's own gathers (seconds, batches) when timing began
+        self._own = (0.0, 0)  # the consumer's own gathers (CPU seconds, batches) when timing began
         self._last_own = (0.0, 0)
         self._keep = _KEEP
 
@@ -70,9 +72,11 @@ class SoloProbe:
         if self._phase == "workers" and not busy_elsewhere:
             self._workers_s = elapsed
             mine = own_n - self._own[1]
-            # Too few of its own gathers to tell (many workers keep ahead of it), or they were
-            # faster than batches came: worth a trial. Slower: alone it cannot be faster.
-            promising = mine * 4 < self._count or \
+            # It gathered often enough to tell (a quarter of the batches), and faster than
+            # batches came: worth a trial. Slower, alone it cannot be faster; and with too few
+            # of its own (workers keep ahead, or the window has no room for it) there is no
+            # telling, while a trial on a latency-bound source would cost a run of slow batches.
+            promising = mine * 4 >= self._count and \
                 (own_s - self._own[0]) / mine < elapsed / self._count
             return self._switch("solo", True) if promising else self._switch("keep", False)
         if self._phase == "solo" and not busy_elsewhere:
