@@ -6,16 +6,19 @@ read is one ``memcpy`` of 40 us), that sharing costs more than it gains: each ba
 between threads and each worker wake-up crosses CPUs, which on a VM costs as much as the copy.
 The consumer gathering alone, workers parked, then delivers more batches per second at less CPU
 per batch. Which side wins depends on the machine, the source and the transform, so it is
-measured: while the consumer waits on the loader (it spends little time outside ``next()``), the
-probe times a run of batches with the workers. When the consumer's own gathers in that run took
-more CPU per batch than the loader took time to deliver one, the consumer alone cannot be faster
-(expensive gathers that the threads split well, as image decoding or shuffled reads: they get no
-trial, so they pay nothing for it; their wall time would not tell, as it counts the waits for
-the GIL that two threads trade). Otherwise a run is timed
-with the workers parked, and the faster way is kept for a longer stretch before both are timed
-again; each trial the consumer alone loses doubles that stretch. Under ``tune=True`` the tuner
-pauses while the workers are parked and measures afresh when they run again. A consumer that spends real time
-between batches (a training step) always keeps the workers: they gather while it computes.
+measured.
+
+While the consumer waits on the loader (it spends under ``_BUSY_SHARE`` of its time outside
+``next()``), the probe times a run of batches with the workers. When the consumer gathered a
+quarter of them itself, with less CPU per batch than the loader took time to deliver one, a run
+is timed with the workers parked, and the faster way is kept for a longer stretch before both are
+timed again; each trial the consumer alone loses doubles that stretch. Expensive gathers that the
+threads split well (image decoding, shuffled reads) and latency-bound sources, where the consumer
+gathers little or slowly, get no trial and pay nothing for it. CPU time, not wall time, is the
+measure of the consumer's gathers: their wall time counts the waits for the GIL that two threads
+trade, two to three times the work on a 2-vCPU VM. A consumer that spends real time between
+batches (a training step) always keeps the workers: they gather while it computes. Under
+``tune=True`` the tuner pauses while the workers are parked and measures afresh once they run.
 
 Parking workers changes who gathers, never what is gathered: batches are reserved, posted and
 delivered in the same order under the same caps either way.
