@@ -174,7 +174,7 @@ class _Engine:
         self.tids = [0] * count  # each worker's native thread id, for runqueue_seconds()
         # whether the consumer gathers faster alone is measured (``_engine.solo``); parked, no
         # worker runs, whatever the tuner's thread count (``workers``, which applies again after)
-        self.probe: SoloProbe | None = SoloProbe(settle=self.window + 1)
+        self.probe = SoloProbe(settle=self.window + 1)
         self.workers = self.active
         self.parked = False
         # batches the consumer gathered itself, and its CPU seconds on them (their wall time,
@@ -512,8 +512,7 @@ class _Engine:
                               "iterates it (e.g. inside each DataLoader worker)")
         tried_inline = False
         probe = self.probe
-        if probe is not None:
-            probe.enter(time.monotonic())
+        probe.enter(time.monotonic())
         while True:
             inline = False
             rerun: _Result | None = None
@@ -555,13 +554,12 @@ class _Engine:
                 self._run(rerun, self.busy[-1], inline=True)
             elif inline:
                 tried_inline = not self._inline()
-                if tried_inline and self.parked and probe is not None:
+                if tried_inline and self.parked:
                     self._set_solo(probe.refused())  # a parked worker reserves it, waiting
         self.budget.release(result.nbytes)
-        if probe is not None:
-            solo = probe.leave(time.monotonic(), self.own_cpu_s, self.own_batches)
-            if solo is not None:
-                self._set_solo(solo)
+        solo = probe.leave(time.monotonic(), self.own_cpu_s, self.own_batches)
+        if solo is not None:
+            self._set_solo(solo)
         return result
 
     def _set_solo(self, solo: bool) -> None:
