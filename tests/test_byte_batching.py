@@ -1,15 +1,15 @@
-"""Byte-aware batching (``batch_bytes`` hard ceiling, ``target_bytes`` soft target with mx8's
-85%/115% band): the splits match mx8 1.0.7's on the same pack, on every source kind with
-per-record sizes, across ranks and resume."""
+"""Byte-aware batching (``batch_bytes`` hard ceiling, ``target_bytes`` soft target, mx8's rule):
+the splits match mx8 1.0.7's on the same pack, on records of tens of bytes to kilobytes, on
+every source kind with per-record sizes, across ranks and resume."""
 
 from __future__ import annotations
 
-import os
 import random
 
 import mx8
 import numpy as np
 import pytest
+from tests._files import random_files
 
 import headrace
 from headrace import ConfigError
@@ -18,13 +18,8 @@ from headrace._order.byte_plan import BytePlan, byte_split
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bytes_in")
-    rng = random.Random(7)
-    for i in range(60):
-        d = root / ("a" if i % 3 else "b")
-        d.mkdir(exist_ok=True)
-        (d / f"{i:03d}.jpg").write_bytes(os.urandom(rng.randint(1500, 9000)))
-    return root
+    return random_files(tmp_path_factory.mktemp("bytes_in"), 60, 1500, 9000, seed=7,
+                        name="{i:03d}.jpg")
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +64,59 @@ def test_splits_match_mx8_on_the_same_pack(pack, tmp_path, kw):
     got = [ids for ids in _ids(headrace.load(str(pack), **kw))]
     assert got == want
     assert sum(map(len, got)) == 60
+
+
+@pytest.fixture(scope="module")
+def tiny_pack(tmp_path_factory):
+    """120 records of 10-120 bytes: a record is a large share of a batch, so the rule's every
+    clause (the ceiling, the target a ceiling implies, the band's rounding) decides splits."""
+    root = random_files(tmp_path_factory.mktemp("tiny_in"), 120, 10, 120, seed=3)
+    out = tmp_path_factory.mktemp("tiny_pk") / "pk"
+    mx8.pack_dir(str(root), out=str(out), shard_mb=1)
+    return out
+
+
+@pytest.mark.parametrize("kw", [
+    # a ceiling alone implies a target of 90% of it: batches end once they reach it
+    dict(batch=64, batch_bytes=300), dict(batch=64, batch_bytes=400),
+    dict(batch=64, batch_bytes=1000), dict(batch=5, batch_bytes=1000),
+    # the band's 85% and 115% in whole bytes rounded up (236 fits 115% of 205, 235.75)
+    dict(batch=8, batch_bytes=830, target_bytes=205), dict(batch=512, target_bytes=417),
+    dict(batch=512, batch_bytes=900, target_bytes=212), dict(batch=64, target_bytes=1000),
+    # a target above the ceiling is the ceiling
+    dict(batch=64, batch_bytes=500, target_bytes=800),
+])
+def test_splits_match_mx8_on_records_of_tens_of_bytes(tiny_pack, tmp_path, kw):
+    want = _mx8_splits(tiny_pack, tmp_path, **kw)
+    assert [ids for ids in _ids(headrace.load(str(tiny_pack), **kw))] == want
+
+
+@pytest.mark.parametrize("which", ["tiny", "kb"])
+def test_splits_match_mx8_over_random_settings(which, tiny_pack, pack, tmp_path):
+    """40 seeded draws of ceiling, target, both, and batch 2-512 on each pack."""
+    where = tiny_pack if which == "tiny" else pack
+    sizes = [int(line.split("\t")[3]) for line in
+             (where / "_mx8" / "manifest.tsv").read_text().splitlines()[1:]]
+    mean, rng = sum(sizes) / len(sizes), random.Random(11)
+    for _ in range(40):
+        kw: dict = {"batch": rng.choice([2, 3, 5, 8, 64, 512])}
+        kind = rng.choice(["ceiling", "target", "both"])
+        if kind != "target":
+            kw["batch_bytes"] = max(max(sizes), int(mean * rng.uniform(2, 15)))
+        if kind != "ceiling":
+            kw["target_bytes"] = int(mean * rng.uniform(0.5, 15))
+        want = _mx8_splits(where, tmp_path, **kw)
+        assert [ids for ids in _ids(headrace.load(str(where), **kw))] == want, kw
+
+
+def test_implied_target_and_rounded_band_by_hand():
+    # ceiling 1000 -> target 900: 915 reached it, so the batch ends before a record that fits
+    sizes = [85, 79, 57, 87, 90, 84, 87, 11, 70, 43, 39, 34, 70, 79, 80, 70]
+    assert byte_split(sizes, batch=64, batch_bytes=1000, target_bytes=None)[0] == 14
+    assert byte_split(sizes, batch=64, batch_bytes=None, target_bytes=None).tolist() == [16]
+    # target 205: 187 holds 85% (174.25); 187 + 49 = 236 <= ceil(235.75), so 49 joins
+    assert byte_split([34, 86, 67, 49, 112], batch=64, batch_bytes=None,
+                      target_bytes=205).tolist() == [4, 5]
 
 
 def test_a_record_past_batch_bytes_is_a_clear_error(pack, tmp_path):

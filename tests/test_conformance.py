@@ -579,7 +579,7 @@ def _read_ids(loader: Any) -> list[list[int]]:
 
 @pytest.mark.parametrize("kind", ALL, ids=repr)
 def test_byte_aware_batching_cuts_by_record_bytes_or_is_refused(kind: Kind, data: Data) -> None:
-    """``batch_bytes`` (hard ceiling) and ``target_bytes`` (mx8's 85%/115% band) on every kind of
+    """``batch_bytes`` (hard ceiling) and ``target_bytes`` (mx8's soft target) on every kind of
     variable-size records, counted over each record's stored bytes: the same records in the same
     order as without them, no batch past the ceiling or ``batch``, and an exact resume."""
     from headrace._sources.base import record_sizes

@@ -68,6 +68,19 @@ def test_a_consumer_with_work_of_its_own_keeps_the_workers():
     assert _drive(probe, 2000, solo_s=40e-6, workers_s=90e-6, outside_s=2e-3) == []
 
 
+def test_a_kept_solo_stretch_ends_once_the_consumer_works_elsewhere():
+    # solo won and is kept; then the consumer starts a training step between batches: the
+    # workers run again within one timed run, not at the end of the kept stretch
+    probe = SoloProbe(settle=3)
+    clock = [0.0]
+    assert _drive(probe, 3 + solo._TIMED + 3 + solo._TIMED + 5, solo_s=40e-6, workers_s=90e-6,
+                  clock=clock) == [True]
+    assert probe.solo
+    asked = _drive(probe, solo._TIMED, solo_s=40e-6, workers_s=90e-6, outside_s=2e-3,
+                   clock=clock)
+    assert asked == [False] and not probe.solo
+
+
 def test_too_few_own_gathers_to_tell_get_no_trial():
     # the consumer never gathered (workers keep ahead, or no room in the window): no telling
     probe = SoloProbe(settle=3)
@@ -99,9 +112,14 @@ def test_parked_workers_change_nothing_of_the_stream(monkeypatch):
         return self.solo
 
     monkeypatch.setattr(SoloProbe, "leave", flip)
+    parked = []
     with headrace.Loader({"x": x}, batch=16, order="shuffle", seed=5, threads=2) as ld:
-        got = [b["x"].copy() for b in ld]
+        got = []
+        for b in ld:
+            got.append(b["x"].copy())
+            parked.append(ld.stats()["workers_parked"])
     assert len(flips) == len(ref) and any(flips)
+    assert parked == flips  # stats() says which way the engine runs after each batch
     assert len(got) == len(ref) and all(np.array_equal(a, b) for a, b in zip(got, ref, strict=True))
 
 

@@ -58,6 +58,22 @@ def test_image_batches_cut_by_encoded_bytes_as_mx8(images, tmp_path, kw):
             assert [b.tolist() for _x, b in ld] == want, where
 
 
+@pytest.mark.parametrize("inflight", [20000, 40000])
+def test_image_loaders_inflight_cap_alone_cuts_by_encoded_bytes_as_mx8(images, tmp_path,
+                                                                       inflight):
+    """mx8's ImageLoader without max_batch_bytes cuts batches to its derived ceiling (here the
+    inflight cap itself, under 4 MiB), ending each at 90% of it. (headrace's cap counts the
+    decoded batch, mx8's the encoded one: 8x8 outputs keep the decoded batches under it.)"""
+    kw = dict(batch_size_samples=16, resize_hw=(8, 8), max_inflight_bytes=inflight)
+    want = []
+    for _images, labels in real.ImageLoader(str(images / "pk"), manifest_store=str(tmp_path),
+                                            **kw):
+        want.append(labels.tolist())
+        del _images, labels  # the wheel blocks while held batches use the cap
+    assert len(want) > 30 // 16 + 1
+    assert _image_splits(mx8.ImageLoader(str(images / "pk"), **kw)) == want
+
+
 def test_image_byte_batches_shuffle_resume_and_count(images):
     kw = dict(batch=8, resize=(16, 16), target_bytes=9000, shuffle=True, seed=5, epochs=3)
     with headrace.image(str(images / "hr"), **kw) as ld:

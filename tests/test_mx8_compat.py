@@ -3,24 +3,19 @@ dtypes and shapes, schedules with byte-aware batching, stats keys, print_stats, 
 
 from __future__ import annotations
 
-import os
-import random
-
 import mx8 as real
 import pytest
+from tests._files import random_files
 
 import headrace.mx8 as mx8
 from headrace import CheckpointError, ConfigError
+from headrace._compat.mx8 import batch_ceiling
 
 
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mx8c_in")
-    rng = random.Random(3)
-    for i in range(40):
-        d = root / ("cat" if i % 2 else "dog")
-        d.mkdir(exist_ok=True)
-        (d / f"{i}.jpg").write_bytes(os.urandom(rng.randint(2000, 6000)))
+    root = random_files(tmp_path_factory.mktemp("mx8c_in"), 40, 2000, 6000, seed=3,
+                        classes=("dog", "cat"), name="{i}.jpg")
     out = tmp_path_factory.mktemp("mx8c_pk") / "pk"
     real.pack_dir(str(root), out=str(out), shard_mb=1)
     return out
@@ -285,3 +280,30 @@ def test_an_inflight_cap_alone_cuts_batches_to_fit_it_as_mx8(pack, tmp_path):
     with pytest.raises(ConfigError, match=r"record \d+ has \d+ bytes > max_inflight_bytes 2500: "
                                           r"with max_batch_bytes unset.*at least \d+"):
         mx8.DataLoader(str(pack), **small)
+
+
+@pytest.fixture(scope="module")
+def big_pack(tmp_path_factory):
+    """380 records of 60-120 KB (about 33 MiB): past a quarter of mx8's default inflight cap."""
+    root = random_files(tmp_path_factory.mktemp("mx8big_in"), 380, 60_000, 120_000, seed=9)
+    out = tmp_path_factory.mktemp("mx8big_pk") / "pk"
+    real.pack_dir(str(root), out=str(out), shard_mb=64)
+    return out
+
+
+@pytest.mark.parametrize("inflight", [None, 8 << 20, 64 << 20])
+def test_the_class_apis_batch_ceiling_is_a_quarter_of_the_inflight_cap(big_pack, tmp_path,
+                                                                         inflight):
+    """mx8's DataLoader without max_batch_bytes cuts batches at a quarter of max_inflight_bytes
+    (128 MiB unset) held between 4 and 64 MiB, ending each once it holds 90% of that."""
+    kw = dict(batch_size_samples=512)
+    if inflight is not None:
+        kw["max_inflight_bytes"] = inflight
+    want = []
+    for b in real.DataLoader(str(big_pack), manifest_store=str(tmp_path / "ms"), **kw):
+        want.append(b.sample_ids)
+        del b
+    assert len(want) > 1  # the ceiling, not batch_size_samples, cut them
+    assert [b.sample_ids for b in mx8.DataLoader(str(big_pack), **kw)] == want
+    assert batch_ceiling(inflight, None) == {None: 32 << 20, 8 << 20: 4 << 20,
+                                                 64 << 20: 16 << 20}[inflight]

@@ -176,27 +176,64 @@ class _Wrapped:
         self.close()
 
 
+_MX8_INFLIGHT = 128 << 20  # mx8's DataLoader default max_inflight_bytes
+
+
+def batch_ceiling(inflight: int | None, batch_bytes: int | None) -> int:
+    """mx8's class API batch ceiling: ``max_batch_bytes``, else a quarter of
+    ``max_inflight_bytes`` (128 MiB when unset) held between 4 and 64 MiB; never above the
+    inflight cap (its wheel cuts 8 and 16 MiB caps to 4 MiB batches, 64 MiB to 16)."""
+    cap = _MX8_INFLIGHT if inflight is None else inflight
+    derived = min(max(cap // 4, 4 << 20), 64 << 20, cap)
+    return max(1, min(derived if batch_bytes is None else batch_bytes, cap))
+
+
 def _load_capped(data: Any, batch_bytes: int | None, target_bytes: int | None,
-                 inflight: int | None, kw: dict[str, Any]) -> Any:
-    """``headrace.load`` with mx8's default ceiling: without ``max_batch_bytes`` a batch's bytes
-    are capped by ``max_inflight_bytes`` when one is given (mx8 cuts batches to fit it; records
-    of one size everywhere, as arrays, are left as they are)."""
+                 inflight: int | None, kw: dict[str, Any], *, derived: bool) -> Any:
+    """``headrace.load`` with mx8's batch ceiling. ``derived`` (the class API): the ceiling is
+    ``batch_ceiling``'s, also when neither cap is given (as in mx8; on one rank); else
+    (``load()``) it is
+    ``batch_bytes``, or the inflight cap when only that is given (mx8's ``load`` ignores
+    ``inflight``; headrace honours it, so batches are cut to fit it). Records of one size
+    everywhere (arrays) are not cut without a target."""
     import headrace
 
-    if batch_bytes is not None or inflight is None:
+    # Under ranks, byte-cut batches are dealt to the ranks in rounds, not records split between
+    # them: the default ceiling (which cuts only batches past 28.8 MiB) applies there only when
+    # a cap is given, so a small-record dataset is sharded as without byte batching.
+    if derived and (inflight is not None or batch_bytes is not None
+                    or int(kw.get("world_size") or 1) == 1):
+        ceiling = batch_ceiling(inflight, batch_bytes)
+    elif batch_bytes is not None or inflight is None:
         return headrace.load(data, batch_bytes=batch_bytes, target_bytes=target_bytes, **kw)
+    else:
+        ceiling = inflight
     try:
-        return headrace.load(data, batch_bytes=inflight, target_bytes=target_bytes, **kw)
+        return headrace.load(data, batch_bytes=ceiling, target_bytes=target_bytes, **kw)
     except ConfigError as e:
-        if "need per-record sizes" in str(e) and target_bytes is None:
+        if "need per-record sizes" in str(e) and target_bytes is None and batch_bytes is None:
             return headrace.load(data, target_bytes=None, **kw)
-        m = re.match(r"(record \d+ has \d+ bytes) > batch_bytes \d+.*at least (\d+)", str(e))
-        if m is None:
+        if batch_bytes is not None:
             raise
-        raise ConfigError(f"{m.group(1)} > max_inflight_bytes {inflight}: with max_batch_bytes "
-                          "unset a batch's bytes are capped by max_inflight_bytes, as in mx8; "
-                          f"raise max_inflight_bytes to at least {m.group(2)} (the largest "
-                          "record)") from None
+        raise _ceiling_error(e, ceiling, inflight) from None
+
+
+def _ceiling_error(e: ConfigError, ceiling: int, inflight: int | None) -> ConfigError:
+    """A record past the ceiling mx8 derived (the user gave no ``max_batch_bytes``), in words
+    that name what the user set and what to pass."""
+    m = re.match(r"(record \d+ has \d+ bytes) > batch_bytes \d+.*at least (\d+)", str(e))
+    if m is None:
+        return e
+    if ceiling == inflight:
+        return ConfigError(f"{m.group(1)} > max_inflight_bytes {inflight}: with max_batch_bytes "
+                           "unset a batch's bytes are capped by max_inflight_bytes, as in mx8; "
+                           f"raise max_inflight_bytes to at least {m.group(2)} (the largest "
+                           "record)")
+    return ConfigError(f"{m.group(1)} > max_batch_bytes {ceiling}: with max_batch_bytes unset a "
+                       "batch's bytes are capped by a quarter of max_inflight_bytes "
+                       f"({inflight if inflight is not None else _MX8_INFLIGHT}), held between "
+                       "4 and 64 MiB, as in mx8; pass max_batch_bytes of at least "
+                       f"{m.group(2)} (the largest record)")
 
 
 class DataLoader(_Wrapped):
@@ -221,12 +258,13 @@ class DataLoader(_Wrapped):
         kw.update(_extra or {})
         kw["tune"] = tune
         token = kw.pop("mx8_token")
+        top_level = kw.pop("_mx8_load", False)  # load(): its own ceiling rule
         _drop_unused_store(dataset_link, kw)
         label_mode = mx8_env.s3_label_mode(dataset_link)
         if label_mode is not None:
             kw["label_mode"] = label_mode
         self._inner = _load_capped(dataset_link, max_batch_bytes, target_batch_bytes,
-                                   max_inflight_bytes, kw)
+                                   max_inflight_bytes, kw, derived=not top_level)
         _resume_mx8(self._inner, token)
 
     def _convert(self, batch: Any) -> PyBatch:
@@ -347,7 +385,7 @@ def load(data: Any, *, store: Any = None, manifest: Any = None, recursive: bool 
     ``autopack``/``shard_mb`` change nothing (raw folders and prefixes are read directly)."""
     del autopack, shard_mb
     _one_rss_cap(ram_gb, constraints)
-    extra: dict[str, Any] = dict(_distributed(job, coord, node, "load()"))
+    extra: dict[str, Any] = dict(_distributed(job, coord, node, "load()"), _mx8_load=True)
     if constraints is not None:
         extra["constraints"] = constraints
     if runtime is not None:
@@ -429,8 +467,20 @@ class ImageLoader(_ImageLoader):
     def __init__(self, dataset_link: Any, *, resume_from: Any = None, epoch: int = 0,
                  **kwargs: Any) -> None:
         token = mx8_tokens.parse(resume_from)
-        super().__init__(dataset_link, resume_from=None if token is not None else resume_from,
-                         epoch=epoch, **kwargs)
+        # mx8's batch ceiling over the encoded files (``batch_ceiling``; on one rank when no cap
+        # is given, as for ``DataLoader``)
+        inflight = kwargs.get("max_inflight_bytes")
+        derived = (kwargs.get("max_batch_bytes") is None and kwargs.get("batch_bytes") is None
+                   and (inflight is not None or not detect().distributed))
+        if derived:
+            kwargs["max_batch_bytes"] = batch_ceiling(inflight, None)
+        try:
+            super().__init__(dataset_link, resume_from=None if token is not None else resume_from,
+                             epoch=epoch, **kwargs)
+        except ConfigError as e:
+            if not derived:
+                raise
+            raise _ceiling_error(e, kwargs["max_batch_bytes"], inflight) from None
         _resume_mx8(self, token, epoch=None)
 
     def stats(self) -> dict[str, Any]:

@@ -759,9 +759,11 @@ class Loader:
             ``headrace.plot``: ``True`` (every 0.5 s) or a period in seconds.
         batch_bytes: hard per-batch ceiling on the records' bytes (variable-size fields, see
             ``docs/memory.md``): batches are cut before passing it (still at most ``batch``
-            records); a single record larger than it is a ``ConfigError``.
-        target_bytes: soft per-batch byte target with mx8's band: once a batch holds 85% of
-            it, the batch ends before a record that would take it past 115%.
+            records); a single record larger than it is a ``ConfigError``. Alone, it implies a
+            ``target_bytes`` of 90% of it, as in mx8.
+        target_bytes: soft per-batch byte target with mx8's rule: a batch ends once it holds
+            the target, or, holding 85% of it, before a record that would take it past 115%
+            (``_order.byte_plan``).
         tune: adjust the active worker threads (up to ``threads``, or a default ceiling) and
             the prefetch depth while running, to keep the consumer from waiting; batches still
             reserve their bytes, so ``inflight``/``ram_gb`` stay hard caps, and order, batches
@@ -1265,6 +1267,7 @@ class Loader:
             "prefetch_batches": cfg.prefetch_batches,
             "effective_max_queue_batches": cfg.window_batches,
             "threads": cfg.threads,
+            "workers_parked": bool(engine.parked) if engine else False,
             "profile": cfg.profile,
             "want": cfg.want,
             "rank": self.rank,

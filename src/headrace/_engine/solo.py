@@ -17,7 +17,8 @@ threads split well (image decoding, shuffled reads) and latency-bound sources, w
 gathers little or slowly, get no trial and pay nothing for it. CPU time, not wall time, is the
 measure of the consumer's gathers: their wall time counts the waits for the GIL that two threads
 trade, two to three times the work on a 2-vCPU VM. A consumer that spends real time between
-batches (a training step) always keeps the workers: they gather while it computes. Under
+batches (a training step) always keeps the workers: they gather while it computes; one that
+starts doing so while solo is kept gets them back within a run of ``_TIMED`` batches. Under
 ``tune=True`` the tuner pauses while the workers are parked and measures afresh once they run.
 
 Parking workers changes who gathers, never what is gathered: batches are reserved, posted and
@@ -67,6 +68,14 @@ class SoloProbe:
         if self._count <= 0:
             if self._count == 0:  # settled: time from here
                 self._start, self._outside, self._own = now, 0.0, (own_s, own_n)
+            return None
+        if self._phase == "keep" and self.solo and self._count % _TIMED == 0 \
+                and self._count < self._keep:
+            # a kept solo stretch is checked every run of batches: a consumer that started
+            # spending time elsewhere (training after a fast warm-up) gets its workers back now
+            if self._outside > _BUSY_SHARE * (now - self._start):
+                return self._switch("workers", False)
+            self._start, self._outside = now, 0.0
             return None
         if self._count < (self._keep if self._phase == "keep" else _TIMED):
             return None

@@ -748,7 +748,7 @@ def image(data: Any, *, batch: int = 64, shuffle: bool = False, order: str | Non
         batch_bytes, target_bytes: byte-aware batches (as :class:`headrace.Loader`), counted
             over the encoded files as mx8 does: ``batch_bytes`` is a hard ceiling per batch (a
             larger file is a ``ConfigError``), ``target_bytes`` a soft target with mx8's
-            85%/115% band; ``batch`` stays the most images per batch.
+            rule (``headrace.Loader``); ``batch`` stays the most images per batch.
         start, end: read only records ``[start, end)`` (set together; mx8's ``start``/``end``).
             Augmentations stay keyed by the record id, so a sub-range decodes its records
             exactly as the full range does.

@@ -2,10 +2,17 @@
 ``batch_bytes`` / ``target_bytes``). Pure arithmetic over the sizes of an epoch's records in
 read order, one ``searchsorted`` per batch (no per-record Python).
 
-Rule (mx8 1.0.7's observed splits): add records greedily; always stop at ``batch`` records and
-never pass the hard ceiling ``batch_bytes``; with a soft ``target_bytes``, once the batch holds at
-least one record and at least 85% of the target, stop before a record that would take it past
-115% of the target. A batch never crosses an epoch boundary.
+Rule (mx8 1.0.7's, checked against its wheel on records of 10 bytes to 9 KB): a batch has a
+target ``T``, ``target_bytes`` or, when only ``batch_bytes`` is given, 90% of it (rounded up; with
+both, the smaller). Records are added greedily, and the batch ends
+
+* at ``batch`` records;
+* before a record that would pass the hard ceiling ``batch_bytes``;
+* once it holds ``T`` bytes or more;
+* before a record that would take it past 115% of ``T`` once it holds 85% of ``T`` (both in
+  whole bytes, rounded up).
+
+A batch always holds at least one record and never crosses an epoch boundary.
 """
 
 from __future__ import annotations
@@ -16,10 +23,21 @@ import numpy as np
 
 from headrace._order.plan import Step
 
-__all__ = ["BAND_LOWER_PCT", "BAND_UPPER_PCT", "BytePlan", "byte_split"]
+__all__ = ["BAND_LOWER_PCT", "BAND_UPPER_PCT", "IMPLIED_TARGET_PCT", "BytePlan", "byte_split",
+           "target_of"]
 
 BAND_LOWER_PCT = 85
 BAND_UPPER_PCT = 115
+IMPLIED_TARGET_PCT = 90  # the target a ceiling alone implies
+
+
+def target_of(batch_bytes: int | None, target_bytes: int | None) -> int | None:
+    """The byte target batches are cut to: ``target_bytes``, else 90% of ``batch_bytes``
+    (rounded up), never above ``batch_bytes``; None without either."""
+    if batch_bytes is None:
+        return target_bytes
+    implied = -(-batch_bytes * IMPLIED_TARGET_PCT // 100)
+    return max(1, min(batch_bytes, implied if target_bytes is None else target_bytes))
 
 
 def byte_split(sizes: np.ndarray, *, batch: int, batch_bytes: int | None,
@@ -32,19 +50,24 @@ def byte_split(sizes: np.ndarray, *, batch: int, batch_bytes: int | None,
     n = len(sizes)
     c = np.zeros(n + 1, np.int64)
     np.cumsum(sizes, out=c[1:])
+    target = target_of(batch_bytes, target_bytes)
+    if target is not None:  # the band in whole bytes, rounded up (as mx8's: its wheel agrees)
+        low_bytes = -(-BAND_LOWER_PCT * target // 100)
+        up_bytes = -(-BAND_UPPER_PCT * target // 100)
     ends: list[int] = []
     i = 0
     while i < n:
         end = min(n, i + batch)
         if batch_bytes is not None:  # largest j with c[j] - c[i] <= batch_bytes
             end = min(end, int(np.searchsorted(c, c[i] + batch_bytes, "right")) - 1)
-        if target_bytes is not None:
-            # first j whose bytes reach 85% of the target (integer arithmetic, as mx8's percents)
-            low = int(np.searchsorted(c * 100, c[i] * 100 + BAND_LOWER_PCT * target_bytes, "left"))
+        if target is not None:
+            # the first j whose bytes reach the target ends the batch there
+            reach = int(np.searchsorted(c, c[i] + target, "left"))
+            # first j whose bytes reach 85% of the target
+            low = int(np.searchsorted(c, c[i] + low_bytes, "left"))
             # largest j whose bytes stay within 115%: the next record would pass it
-            up = int(np.searchsorted(c * 100, c[i] * 100 + BAND_UPPER_PCT * target_bytes,
-                                     "right")) - 1
-            end = min(end, max(i + 1, low, up))
+            up = int(np.searchsorted(c, c[i] + up_bytes, "right")) - 1
+            end = min(end, reach, max(i + 1, low, up))
         end = max(end, i + 1)
         ends.append(end)
         i = end
