@@ -1,8 +1,9 @@
 """Builds headrace's optional C accelerators; everything else is in pyproject.toml.
 
 ``optional=True``: without a C compiler the install still succeeds; ``_order/shuffle.py`` then
-computes the same ids in NumPy and ``_store/crc_rows.py`` the same checksums one record per
-``google_crc32c`` call, only slower (see each module's ``accelerated()``).
+computes the same ids in NumPy, ``_store/crc_rows.py`` the same checksums one record per
+``google_crc32c`` call and ``_store/snapshot.py`` the same layout scan in NumPy, only slower
+(see each module's ``accelerated()`` or fallback).
 """
 
 from setuptools import Extension, setup
@@ -10,4 +11,6 @@ from setuptools import Extension, setup
 setup(ext_modules=[Extension("headrace._order._cshuffle", ["src/headrace/_order/_cshuffle.c"], optional=True,
                              extra_compile_args=["-O3"]),
                    Extension("headrace._store._crcrows", ["src/headrace/_store/_crcrows.c"],
+                             optional=True, extra_compile_args=["-O3"]),
+                   Extension("headrace._store._layout", ["src/headrace/_store/_layout.c"],
                              optional=True, extra_compile_args=["-O3"])])

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import headrace
 from headrace._store import format as _format
+from headrace._store import snapshot as _snapshot
 
 
 def _make(path, n=3000, rec=1000):
@@ -193,3 +196,91 @@ def test_verify_never_takes_the_same_fast_path_and_still_checks_entries(tmp_path
         with pytest.raises(headrace.CorruptionError, match=r"\[7\]"):
             st.gather([3, 7])
         assert st._st.layouts["x"] is None  # the scan refused the layout: the index path checks
+
+
+def _scans(st, name, f=None):
+    """The C scan and the NumPy one on field ``name`` (or a doctored copy ``f`` of it): they
+    agree, and the result is returned."""
+    snap = st._st
+    f = f or snap.fields[name]
+    vrows, vstart, _small = snap.vrows[name]
+    n = len(f.index)
+    want = _snapshot._scan_layout(snap, f, vrows, vstart, n)
+    got = _snapshot._scan_layout_c(snap, f, vrows, vstart, n)
+    assert (got is None) == (want is None)
+    if want is not None:
+        np.testing.assert_array_equal(got.starts, want.starts)
+        np.testing.assert_array_equal(got.shifts, want.shifts)
+    return got
+
+
+def test_the_c_layout_scan_agrees_with_numpy_on_good_and_broken_indexes(tmp_path):
+    assert _snapshot._c_scan is not None  # built by the install (setup.py)
+    _make(tmp_path / "s")
+    with headrace.open(tmp_path / "s") as st:
+        assert _scans(st, "x") is not None and _scans(st, "y") is not None
+        f = st._st.fields["x"]
+        rec = f.rec
+
+        def doctored(edit):
+            ent, aux = f.index_u4.copy(), f.aux_u4.copy()
+            edit(ent, aux)
+            return dataclasses.replace(f, index_u4=ent, aux_u4=aux)
+
+        def swap(ent, aux):
+            ent[[10, 11]] = ent[[11, 10]]  # rows no longer rise
+
+        def set_at(col, value, where="ent"):
+            def edit(ent, aux):
+                (ent if where == "ent" else aux)[20, col] = value
+            return edit
+
+        def shift_run(ent, aux):
+            ent[100:, 1] += rec  # a gap: a new run starts at id 100 (still valid)
+            ent[-1, 1] = ent[-2, 1] + rec
+
+        breaks = [swap, set_at(3, rec - 1), set_at(1, int(f.index_u4[20, 1]) + 1),
+                  set_at(1, 0xFFFFFFF0), set_at(0, 99), set_at(1, rec - 1, "aux")]
+        for edit in breaks:
+            assert _scans(st, "x", doctored(edit)) is None, edit
+        _scans(st, "x", doctored(shift_run))
+    with headrace.open(tmp_path / "s", mode="a") as w:
+        w.modify(5, {"x": np.full(1000, 9, np.uint8), "y": 42})
+    with headrace.open(tmp_path / "s") as st:
+        assert _scans(st, "x") is None
+    with headrace.open(tmp_path / "s", mode="a") as w:
+        w.compact()
+    with headrace.open(tmp_path / "s") as st:
+        _scans(st, "x")
+        _scans(st, "y")
+
+
+def test_the_c_layout_scan_maps_sparse_chunk_ids_as_numpy_does():
+    # three chunks with ids 3, 7, 9 (a sparse table: slots are positions in chunk_ids), 40
+    # records of 16 bytes, 10 + 20 + 10 of them; chunk 7 starts its rows 5 rows after chunk 3 ends
+    rec, per = 16, [10, 20, 10]
+    ids = np.array([3, 7, 9], np.int64)
+    vstart = np.array([0, 15, 35], np.int64)
+    ent = np.zeros((40, 4), np.uint32)
+    ent[:, 0] = np.repeat(ids, per)
+    ent[:, 1] = np.concatenate([np.arange(k) * rec for k in per])
+    ent[:, 3] = rec
+    aux = np.zeros((40, 2), np.uint32)
+    aux[:, 1] = rec
+    st = SimpleNamespace(chunk_ids=ids, chunk_size=np.array(per, np.int64) * rec,
+                         limits={"x": np.array([*per, 0], np.int64) * rec})
+    vrows = np.zeros((45, rec), np.uint8)
+
+    def both(ent):
+        f = SimpleNamespace(index_u4=ent, aux_u4=aux, rec=rec, spec=SimpleNamespace(name="x"))
+        want = _snapshot._scan_layout(st, f, vrows, vstart, 40)
+        got = _snapshot._scan_layout_c(st, f, vrows, vstart, 40)
+        assert (got is None) == (want is None)
+        return got, want
+
+    got, want = both(ent)
+    assert got.starts.tolist() == want.starts.tolist() == [0, 10]
+    assert got.shifts.tolist() == want.shifts.tolist() == [0, 0, 5]
+    unknown = ent.copy()
+    unknown[30, 0] = 8  # names no chunk
+    assert both(unknown) == (None, None)

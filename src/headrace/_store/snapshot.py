@@ -37,6 +37,10 @@ try:  # one C call per batch for the bitmap (the NumPy passes below give the sam
     from headrace._store._crcrows import unset as _c_unset
 except ImportError:
     _c_mark = _c_unset = None
+try:  # the layout scan in one pass (``_scan_layout``'s NumPy blocks give the same result)
+    from headrace._store._layout import scan as _c_scan
+except ImportError:
+    _c_scan = None
 
 
 class Verified:
@@ -248,7 +252,8 @@ def sequential_layout(st: Snapshot, name: str) -> Layout | None:
     n = len(f.index)
     if (virtual is not None and 0 < n <= SEQUENTIAL_SCAN_MAX_RECORDS and f.rec > 0
             and n == st.meta.length and len(f.aux_u4) >= n):
-        result = _scan_layout(st, f, virtual[0], virtual[1], n)
+        scan = _scan_layout if _c_scan is None else _scan_layout_c
+        result = scan(st, f, virtual[0], virtual[1], n)
     st.layouts[name] = result
     return result
 
@@ -256,6 +261,22 @@ def sequential_layout(st: Snapshot, name: str) -> Layout | None:
 # Entries scanned at a time: temporaries of this size stay in the cache and the allocator's
 # pools (whole-index temporaries cost a process's first gather tens of ms in page faults).
 _SCAN_BLOCK = 1 << 15
+
+
+def _scan_layout_c(st: Snapshot, f: MappedField, vrows: np.ndarray, vstart: np.ndarray,
+                   n: int) -> Layout | None:
+    """``_scan_layout`` in one pass of C (``_layout.c``)."""
+    assert _c_scan is not None
+    ids = st.chunk_ids
+    got = _c_scan(np.ascontiguousarray(f.index_u4[:n]), np.ascontiguousarray(f.aux_u4[:n]),
+                  f.rec, None if ids is None else np.ascontiguousarray(ids, np.int64),
+                  len(st.chunk_size), np.ascontiguousarray(vstart, np.int64),
+                  np.ascontiguousarray(st.limits[f.spec.name], np.int64), len(vrows))
+    if got is None:
+        return None
+    first = np.frombuffer(got[0], np.int64)
+    shifts = np.frombuffer(got[1], np.int64)
+    return Layout(first, np.concatenate([shifts[:1], shifts]))
 
 
 def _scan_layout(st: Snapshot, f: MappedField, vrows: np.ndarray, vstart: np.ndarray,
