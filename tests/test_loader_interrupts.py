@@ -186,11 +186,11 @@ def test_a_ctrl_c_between_the_consumers_reservation_and_its_post_loses_no_batch(
 
     run, hits = _loader._Engine._run, []
 
-    def interrupted(self, task, busy, *, inline=False):
+    def interrupted(self, task, busy, *, inline=False, post=True):
         if inline and not hits:
             hits.append(task.k)
             raise KeyboardInterrupt  # reserved, not posted
-        return run(self, task, busy, inline=inline)
+        return run(self, task, busy, inline=inline, post=post)
 
     monkeypatch.setattr(_loader._Engine, "_run", interrupted)
     with headrace.Loader({"x": np.arange(640)}, batch=32, order="sequential", epochs=1,
@@ -206,7 +206,7 @@ def test_a_ctrl_c_while_the_consumer_retakes_the_lock_is_a_keyboard_interrupt(mo
     lock')) and the loader continues."""
     from headrace._engine import loader as _loader
 
-    monkeypatch.setattr(_loader._Engine, "_inline", lambda self: False)  # always wait
+    monkeypatch.setattr(_loader._Engine, "_inline", lambda self: None)  # always wait
     with headrace.Loader({"x": np.arange(640)}, batch=32, order="sequential", epochs=1,
                          transform=_slow, threads=1) as ld:
         engine = ld._engine

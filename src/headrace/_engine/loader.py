@@ -404,13 +404,16 @@ class _Engine:
                 pass
         return total / 1e9
 
-    def _run(self, task: _Result, busy: list[float], *, inline: bool = False) -> None:
+    def _run(self, task: _Result, busy: list[float], *, inline: bool = False,
+             post: bool = True) -> None:
         """Gather and transform one reserved batch, then post it (or its error) in order.
 
         ``inline``: the consumer runs it. A Ctrl-C there propagates as ``KeyboardInterrupt``
         and leaves the batch to be gathered again by the next ``take``; any other error loses
         its traceback frames (kept as a note), which would otherwise hold the consumer's stack,
-        the ``Loader`` included, for as long as the engine keeps the error.
+        the ``Loader`` included, for as long as the engine keeps the error. ``post=False``: the
+        batch (or its error) is left to the caller (``take`` delivers it without the round trip
+        through ``ready``); it stays the consumer's ``inline_task`` until then.
         """
         t0 = time.monotonic()
         cpu = self.cpu_clock  # a system call per read: only the tuner uses it
@@ -439,28 +442,34 @@ class _Engine:
                     raise
                 _detach(e)
             task.error = e
-        self._post(task)
+        if post:
+            self._post(task)
 
     def _post(self, result: _Result) -> None:
         with self.lock:
-            if self.closed:  # e.g. a consumer's inline gather that close() overtook: drop it
-                return
-            self.ready[result.k] = result
-            if self.inline_task is result:  # posted: no longer the consumer's to recover
-                self.inline_task = None
-            if len(self.ready) > self.counters.queue_high_water:
-                self.counters.queue_high_water = len(self.ready)
-            if result.error is not None and result.where == "dispatcher":
-                self.end_k = result.k + 1  # nothing after a failed dispatch
-                self.space_cv.notify_all()
-                self.dispatch_cv.notify_all()
-            if self.consumer_waits and (result.k == self.next_deliver or self.end_k is not None):
-                self.ready_cv.notify()
+            self._post_locked(result)
+
+    def _post_locked(self, result: _Result) -> None:
+        """``_post`` with the lock held."""
+        if self.closed:  # e.g. a consumer's inline gather that close() overtook: drop it
+            return
+        self.ready[result.k] = result
+        if self.inline_task is result:  # posted: no longer the consumer's to recover
+            self.inline_task = None
+        if len(self.ready) > self.counters.queue_high_water:
+            self.counters.queue_high_water = len(self.ready)
+        if result.error is not None and result.where == "dispatcher":
+            self.end_k = result.k + 1  # nothing after a failed dispatch
+            self.space_cv.notify_all()
+            self.dispatch_cv.notify_all()
+        if self.consumer_waits and (result.k == self.next_deliver or self.end_k is not None):
+            self.ready_cv.notify()
 
     # -- consumer --------------------------------------------------------------------------------
 
-    def _inline(self) -> bool:
-        """The consumer, about to wait, gathers the next undispatched batch itself.
+    def _inline(self) -> _Result | None:
+        """The consumer, about to wait, gathers the next undispatched batch itself; returns it
+        gathered (or with its error), not posted, or None when it could not reserve one.
 
         Only when that needs no wait (no worker is dispatching, and window, RAM and budget have
         room now) and every worker is busy (one waiting for room would take the batch: the
@@ -475,18 +484,21 @@ class _Engine:
             # lock, or the holder sees the flag and invites (a spurious invite costs one try).
             self.inline_wanted = True
             if not self.dispatch_lock.acquire(blocking=False):
-                return False
+                return None
         try:
             task = self._dispatch(wait=False)
         finally:
             self.dispatch_lock.release()
         if task is None:
-            return False
+            return None
+        if self.parked:  # the probe judges the consumer's own gathers while the workers run
+            self._run(task, self.busy[-1], inline=True, post=False)
+            return task
         c0 = time.thread_time()
-        self._run(task, self.busy[-1], inline=True)
+        self._run(task, self.busy[-1], inline=True, post=False)
         self.own_cpu_s += time.thread_time() - c0
         self.own_batches += 1
-        return True
+        return task
 
     def _check_alive(self) -> None:
         """Raise if every worker thread has exited while batches are still owed (called locked)."""
@@ -511,12 +523,22 @@ class _Engine:
                               "not survive fork(); create the loader in the process that "
                               "iterates it (e.g. inside each DataLoader worker)")
         tried_inline = False
+        own: _Result | None = None  # gathered by the consumer (``_inline``), not posted yet
+        result: _Result | None
         probe = self.probe
         probe.enter(time.monotonic())
         while True:
             inline = False
             rerun: _Result | None = None
             with self.lock:
+                if own is not None:  # the batch the consumer just gathered itself
+                    mine, own = own, None
+                    if mine.k == self.next_deliver and mine.error is None and not self.closed:
+                        self.inline_task = None  # delivered straight, not through ``ready``
+                        self._delivered_locked(mine)
+                        result = mine
+                        break
+                    self._post_locked(mine)  # later than the next (workers run) or failed
                 orphan = self.inline_task
                 if orphan is not None:  # a Ctrl-C came between its reservation and its post
                     self.inline_task = None
@@ -532,13 +554,7 @@ class _Engine:
                         del self.ready[k]
                     else:
                         del self.ready[k]
-                        self.next_deliver = k + 1
-                        self.reserved -= result.nbytes
-                        if self.dispatcher_waits:  # the one worker that can dispatch now
-                            self.dispatcher_waits = False
-                            self.dispatch_cv.notify()
-                        elif self.idle_workers or self.ram_blocked_since is not None:
-                            self.space_cv.notify()  # a worker waits for this room
+                        self._delivered_locked(result)
                         break
                 elif self.closed or (self.end_k is not None and k >= self.end_k):
                     return None
@@ -553,7 +569,8 @@ class _Engine:
                 rerun.retry, rerun.error = False, None
                 self._run(rerun, self.busy[-1], inline=True)
             elif inline:
-                tried_inline = not self._inline()
+                own = self._inline()
+                tried_inline = own is None
                 if tried_inline and self.parked:
                     self._set_solo(probe.refused())  # a parked worker reserves it, waiting
         self.budget.release(result.nbytes)
@@ -561,6 +578,17 @@ class _Engine:
         if solo is not None:
             self._set_solo(solo)
         return result
+
+    def _delivered_locked(self, result: _Result) -> None:
+        """Batch ``result`` (the next in order) goes to the consumer: its room in the window is
+        free again (called locked; its bytes are released once the lock is let go)."""
+        self.next_deliver = result.k + 1
+        self.reserved -= result.nbytes
+        if self.dispatcher_waits:  # the one worker that can dispatch now
+            self.dispatcher_waits = False
+            self.dispatch_cv.notify()
+        elif self.idle_workers or self.ram_blocked_since is not None:
+            self.space_cv.notify()  # a worker waits for this room
 
     def _set_solo(self, solo: bool) -> None:
         """Park every worker (the consumer gathers alone) or run them again (``workers`` of
