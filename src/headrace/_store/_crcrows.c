@@ -12,8 +12,9 @@
  *
  * take_checked(src, row_bytes, rows, ids, aux, bits, out) -> (new, bad): a gather and its first-read
  * check in one pass: row rows[j] of src is copied to row j of out and, unless bit ids[j] of bits is
- * set already (bits None: every row), its crc32c is taken from the copy while it is still in the
- * cache and compared with aux[2 * ids[j]] (the aux file's crc word). Rows that match get their bit
+ * set already (bits None: every row), its crc32c is compared with aux[2 * ids[j]] (the aux file's
+ * crc word): folded as the row is copied (VPCLMULQDQ), or taken from the copy while it is still
+ * in the cache. Rows that match get their bit
  * set; new counts the bits this call set, bad holds the int64 positions j that did not match.
  * Separate NumPy and Python steps for the same work cost a verifying first epoch about twice the
  * checksum itself, and under several threads each step is another hand-off of the GIL.
@@ -121,25 +122,48 @@ fold4(__m512i x, __m512i k, __m512i data) {
                                      _mm512_clmulepi64_epi128(x, k, 0x11), data, 0x96);
 }
 
-__attribute__((target("sse4.2,pclmul,avx512f,vpclmulqdq"))) static uint32_t
-crc_vclmul(const uint8_t *p, Py_ssize_t n) {
+/* The fold, optionally copying what it reads to dst on the way (``copy`` is a constant at each
+ * call, so each caller gets its own loop): a first read's copy and check then read the row
+ * once, and the folds run while the loads wait on memory. */
+__attribute__((target("sse4.2,pclmul,avx512f,vpclmulqdq"))) static inline
+__attribute__((always_inline)) uint32_t crc_vclmul_body(uint8_t *dst, const uint8_t *p,
+                                                        Py_ssize_t n, const int copy) {
     const __m512i k2048 = FOLD4(0xdcb17aa4, 0xb9e02b86), k1536 = FOLD4(0xa87ab8a8, 0xab7aff2a),
                   k1024 = FOLD4(0x6992cea2, 0xd3b6092), k512 = FOLD4(0x740eef02, 0x9e4addf8);
     const __m128i k384 = FOLD(0x1c291d04, 0x1d82c63da), k256 = FOLD(0x1384aa63a, 0xba4fc28e),
                   k128 = FOLD(0xf20c0dfe, 0x14cd00bd6);
     __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + 64),
             c = _mm512_loadu_si512(p + 128), d = _mm512_loadu_si512(p + 192);
+    if (copy) {
+        _mm512_storeu_si512(dst, a);
+        _mm512_storeu_si512(dst + 64, b);
+        _mm512_storeu_si512(dst + 128, c);
+        _mm512_storeu_si512(dst + 192, d);
+    }
     a = _mm512_xor_si512(a, _mm512_castsi128_si512(_mm_cvtsi32_si128((int)0xFFFFFFFF)));
     Py_ssize_t i = 256;
     for (; n - i >= 256; i += 256) {
-        a = fold4(a, k2048, _mm512_loadu_si512(p + i));
-        b = fold4(b, k2048, _mm512_loadu_si512(p + i + 64));
-        c = fold4(c, k2048, _mm512_loadu_si512(p + i + 128));
-        d = fold4(d, k2048, _mm512_loadu_si512(p + i + 192));
+        __m512i e = _mm512_loadu_si512(p + i), f = _mm512_loadu_si512(p + i + 64),
+                g = _mm512_loadu_si512(p + i + 128), h = _mm512_loadu_si512(p + i + 192);
+        if (copy) {
+            _mm512_storeu_si512(dst + i, e);
+            _mm512_storeu_si512(dst + i + 64, f);
+            _mm512_storeu_si512(dst + i + 128, g);
+            _mm512_storeu_si512(dst + i + 192, h);
+        }
+        a = fold4(a, k2048, e);
+        b = fold4(b, k2048, f);
+        c = fold4(c, k2048, g);
+        d = fold4(d, k2048, h);
     }
     a = fold4(a, k1536, _mm512_ternarylogic_epi64(fold4(b, k1024, _mm512_setzero_si512()),
                                                    fold4(c, k512, _mm512_setzero_si512()), d, 0x96));
-    for (; n - i >= 64; i += 64) a = fold4(a, k512, _mm512_loadu_si512(p + i));
+    for (; n - i >= 64; i += 64) {
+        __m512i e = _mm512_loadu_si512(p + i);
+        if (copy) _mm512_storeu_si512(dst + i, e);
+        a = fold4(a, k512, e);
+    }
+    if (copy) memcpy(dst + i, p + i, (size_t)(n - i));
     __m128i l0 = _mm512_castsi512_si128(a), l1 = _mm512_extracti32x4_epi32(a, 1),
             l2 = _mm512_extracti32x4_epi32(a, 2), l3 = _mm512_extracti32x4_epi32(a, 3);
     __m128i x = _mm_xor_si128(_mm_xor_si128(fold(l0, k384, l3), fold(l1, k256, _mm_setzero_si128())),
@@ -155,11 +179,23 @@ crc_vclmul(const uint8_t *p, Py_ssize_t n) {
     for (; i < n; i++) c32 = _mm_crc32_u8(c32, p[i]);
     return ~c32;
 }
+
+__attribute__((target("sse4.2,pclmul,avx512f,vpclmulqdq"))) static uint32_t
+crc_vclmul(const uint8_t *p, Py_ssize_t n) {
+    return crc_vclmul_body(NULL, p, n, 0);
+}
+
+/* copies n bytes of p to dst and returns their crc32c */
+__attribute__((target("sse4.2,pclmul,avx512f,vpclmulqdq"))) static uint32_t
+crc_vclmul_copy(uint8_t *dst, const uint8_t *p, Py_ssize_t n) {
+    return crc_vclmul_body(dst, p, n, 1);
+}
 #define VCLMUL_MIN_BYTES 256  /* the four registers' first load */
 #else
 #define HAVE_HW 0
 #define VCLMUL_MIN_BYTES PY_SSIZE_T_MAX
 #define crc_vclmul(p, n) 0u
+#define crc_vclmul_copy(d, p, n) 0u
 #endif
 
 static int hw = 0, hw_vclmul = 0, hw_vclmul_cpu = 0;
@@ -339,22 +375,28 @@ static PyObject *take_checked(PyObject *self, PyObject *args) {
     uint8_t *o = (uint8_t *)out.buf, *bm = have_bits ? (uint8_t *)bits.buf : NULL;
     const uint32_t *want = (const uint32_t *)aux.buf;
     const int vclmul = use_vclmul(rb);
-    /* rows are copied a run at a time (up to COPY_RUN_BYTES, which stays in cache) and then the
-     * copies checked: a checksum between each row's copy stalls the copying stream */
+    /* Folded rows are read once, copied as they are checksummed. Otherwise rows are copied a
+     * run at a time (up to COPY_RUN_BYTES, which stays in cache) and then the copies checked:
+     * the crc32 instruction's chains between each row's copy stall the copying stream. */
     const Py_ssize_t run = COPY_RUN_BYTES / rb > 0 ? COPY_RUN_BYTES / rb : 1;
     Py_BEGIN_ALLOW_THREADS
     Py_ssize_t pend[3];
     int k = 0;
-    for (Py_ssize_t j0 = 0; j0 < n; j0 += run) {
+    if (vclmul) {  /* each row read once: copied as it is folded, or only copied when verified */
+        for (Py_ssize_t j = 0; j < n; j++) {
+            if (bm != NULL && ((bm[id[j] >> 3] >> (id[j] & 7)) & 1)) {
+                memcpy(o + j * rb, s + rs[j] * rb, (size_t)rb);
+                continue;
+            }
+            settle(bm, id[j], j, crc_vclmul_copy(o + j * rb, s + rs[j] * rb, rb),
+                   want[2 * id[j]], &added, bad, &nbad);
+        }
+    }
+    for (Py_ssize_t j0 = 0; j0 < n && !vclmul; j0 += run) {
         Py_ssize_t j1 = j0 + run < n ? j0 + run : n;
         for (Py_ssize_t j = j0; j < j1; j++) memcpy(o + j * rb, s + rs[j] * rb, (size_t)rb);
         for (Py_ssize_t j = j0; j < j1; j++) {
             if (bm != NULL && ((bm[id[j] >> 3] >> (id[j] & 7)) & 1)) continue;
-            if (vclmul) {
-                settle(bm, id[j], j, crc_vclmul(o + j * rb, rb), want[2 * id[j]], &added, bad,
-                       &nbad);
-                continue;
-            }
             pend[k++] = j;
             if (k < 3) continue;
             uint32_t got[3];
