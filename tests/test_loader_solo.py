@@ -185,3 +185,37 @@ def test_a_tuned_engine_pauses_its_tuner_while_the_workers_are_parked(monkeypatc
         s = ld.stats()
     assert all(np.array_equal(a, b) for a, b in zip(got, ref, strict=True))
     assert s["autotune_last_reason"].startswith("paused"), s["autotune_last_reason"]
+
+
+def test_a_verdict_for_the_same_work_starts_the_next_engine_parked():
+    probe = SoloProbe(settle=3, key="work")
+    assert not probe.solo
+    assert _drive(probe, 3 + solo._TIMED + 3 + solo._TIMED + 1, solo_s=40e-6,
+                  workers_s=90e-6) == [True]
+    again = SoloProbe(settle=3, key="work")
+    assert again.solo and not SoloProbe(settle=3, key="other work").solo
+    # started parked, its consumer now busy elsewhere: the workers run again within one timed
+    # run, and the verdict is withdrawn
+    assert _drive(again, 3 + solo._TIMED, solo_s=40e-6, workers_s=90e-6,
+                  outside_s=2e-3) == [False]
+    assert not SoloProbe(settle=3, key="work").solo
+
+
+def test_a_loader_over_the_same_work_starts_parked_once_solo_won():
+    # a loader per epoch: the next one over the same data, batch and threads starts with the way
+    # the last trial chose (stats say so), another batch size does not; the batches are the same
+    x = np.arange(6_000 * 8, dtype=np.int64).reshape(6_000, 8)
+    with headrace.Loader({"x": x}, batch=64, order="sequential", threads=2, epochs=1) as ld:
+        next(ld)
+        assert not ld.stats()["workers_parked"]  # no verdict yet: the workers run
+        key = ld._work_key()
+    solo._VERDICTS[key] = True  # what a won trial records
+    with headrace.Loader({"x": x}, batch=64, order="sequential", seed=1, threads=2,
+                         epochs=1) as ld:
+        first = next(ld)
+        assert ld.stats()["workers_parked"]
+        got = [first["x"].copy()] + [b["x"].copy() for b in ld]
+    assert np.array_equal(np.concatenate(got), x)
+    with headrace.Loader({"x": x}, batch=32, order="sequential", threads=2, epochs=1) as ld:
+        next(ld)
+        assert not ld.stats()["workers_parked"]

@@ -111,7 +111,8 @@ class _Engine:
     def __init__(self, *, source: Source, order: Order | None, offset: int, steps: Iterator[Step],
                  transform: Transform | None, transform_nbytes: Callable[[int], int] | None,
                  cfg: ResolvedConfig, budget: ByteBudget, counters: LoaderCounters,
-                 length: int = 0, tuner: Tuner | None = None) -> None:
+                 length: int = 0, tuner: Tuner | None = None,
+                 work_key: Any = None) -> None:
         self.source = source
         self.order = order
         self.offset = offset
@@ -174,9 +175,11 @@ class _Engine:
         self.tids = [0] * count  # each worker's native thread id, for runqueue_seconds()
         # whether the consumer gathers faster alone is measured (``_engine.solo``); parked, no
         # worker runs, whatever the tuner's thread count (``workers``, which applies again after)
-        self.probe = SoloProbe(settle=self.window + 1)
+        self.probe = SoloProbe(settle=self.window + 1, key=work_key)
         self.workers = self.active
-        self.parked = False
+        self.parked = self.probe.solo  # the same work went faster solo in this process
+        if self.parked:
+            self.active = 0
         # batches the consumer gathered itself, and its CPU seconds on them (their wall time,
         # busy[-1], also counts waits for the GIL, which two threads trade on every batch)
         self.own_batches = 0
@@ -571,7 +574,7 @@ class _Engine:
             elif inline:
                 own = self._inline()
                 tried_inline = own is None
-                if tried_inline and self.parked:
+                if tried_inline and self.parked and self.end_k is None:
                     self._set_solo(probe.refused())  # a parked worker reserves it, waiting
         self.budget.release(result.nbytes)
         solo = probe.leave(time.monotonic(), self.own_cpu_s, self.own_batches)
@@ -969,9 +972,21 @@ class Loader:
                                steps=self._plan.steps(), transform=self._transform,
                                transform_nbytes=self._transform_nbytes, cfg=self._cfg,
                                budget=self._budget, counters=self._counters,
-                               length=self.length, tuner=self._tuner)
+                               length=self.length, tuner=self._tuner,
+                               work_key=self._work_key())
         self._finalizer = weakref.finalize(self, _finalize, self._engine, self.source,
                                            self._owns_source)
+
+    def _work_key(self) -> Any:
+        """What names this loader's work for the solo probe's verdicts (``_engine.solo``): the
+        data, the batch, the threads, the transform object and whether it is tuned."""
+        try:
+            fingerprint = self.source.fingerprint
+        except Exception:  # a source that cannot name its data: no verdict is shared
+            return None
+        return (type(self.source).__qualname__, fingerprint, self.batch_size, self._cfg.threads,
+                id(self._transform) if self._transform is not None else None,
+                self._tuner is not None)
 
     def _restart(self, budget: ByteBudget | None = None) -> None:
         """Stop the threads and start again from ``_position`` (the source stays open), on

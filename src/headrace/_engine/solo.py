@@ -10,8 +10,9 @@ measured.
 
 While the consumer waits on the loader (it spends under ``_BUSY_SHARE`` of its time outside
 ``next()``), the probe times a run of batches with the workers. When the consumer gathered a
-quarter of them itself, with less CPU per batch than the loader took time to deliver one, a run
-is timed with the workers parked, and the faster way is kept for a longer stretch before both are
+quarter of them itself, with less CPU per batch than ``_CONTENTION`` times the time the loader
+took to deliver one (beside the workers its gathers cost more than alone), a run is timed with
+the workers parked, and the faster way is kept for a longer stretch before both are
 timed again; each trial the consumer alone loses doubles that stretch. Expensive gathers that the
 threads split well (image decoding, shuffled reads) and latency-bound sources, where the consumer
 gathers little or slowly, get no trial and pay nothing for it. CPU time, not wall time, is the
@@ -21,11 +22,20 @@ batches (a training step) always keeps the workers: they gather while it compute
 starts doing so while solo is kept gets them back within a run of ``_TIMED`` batches. Under
 ``tune=True`` the tuner pauses while the workers are parked and measures afresh once they run.
 
+A loader built for each epoch (``Loader(..., seed=epoch, epochs=1)`` in a loop) would pay for
+the same trial every epoch: the last verdict for the same work (a ``key`` naming the source's data,
+the batch size, the threads and the transform) is kept for this process, and a new engine whose
+work solo last won starts with its workers parked, as if that trial had just been won; both ways
+are timed again after the usual stretch, and a consumer busy elsewhere gets the workers back
+within a run of batches, as always.
+
 Parking workers changes who gathers, never what is gathered: batches are reserved, posted and
 delivered in the same order under the same caps either way.
 """
 
 from __future__ import annotations
+
+from collections.abc import Hashable
 
 __all__ = ["SoloProbe"]
 
@@ -33,6 +43,13 @@ _TIMED = 32  # batches timed each way
 _KEEP = 480  # batches the faster way is kept before both are timed again
 _KEEP_MAX = 16 * _KEEP  # each trial the consumer alone lost doubles the keep, up to this
 _BUSY_SHARE = 0.2  # the consumer counts as waiting on the loader below this share outside next()
+# The consumer's gathers timed beside the workers cost up to this much more CPU than alone (the
+# threads share the memory bandwidth and the caches: a sequential copy took 51-63 us a batch
+# beside a worker against 45 alone on the 2-vCPU VM), so a trial is worth it below this times
+# the delivery interval.
+_CONTENTION = 1.3
+_VERDICTS: dict[Hashable, bool] = {}  # the last trial's outcome per kind of work (this process)
+_VERDICTS_MAX = 64  # the oldest is forgotten past this many kinds
 
 
 class SoloProbe:
@@ -45,10 +62,13 @@ class SoloProbe:
     timed (the batches in flight drain, or the workers start again).
     """
 
-    def __init__(self, settle: int) -> None:
+    def __init__(self, settle: int, key: Hashable | None = None) -> None:
         self._settle = max(1, settle)
-        self.solo = False
-        self._phase = "workers"  # "workers" / "solo": timing that way; "keep": running the faster
+        self._key = key
+        # a solo verdict for the same work: start parked, as after a won trial
+        self.solo = key is not None and _VERDICTS.get(key, False)
+        self._phase = "keep" if self.solo else "workers"  # "workers" / "solo": timing that way;
+        # "keep": running the faster way
         self._count = -self._settle  # batches into the phase; negative while settling
         self._start = 0.0
         self._outside = 0.0  # seconds the consumer spent outside next() in this phase
@@ -74,6 +94,7 @@ class SoloProbe:
             # a kept solo stretch is checked every run of batches: a consumer that started
             # spending time elsewhere (training after a fast warm-up) gets its workers back now
             if self._outside > _BUSY_SHARE * (now - self._start):
+                self._remember(False)
                 return self._switch("workers", False)
             self._start, self._outside = now, 0.0
             return None
@@ -89,11 +110,12 @@ class SoloProbe:
             # of its own (workers keep ahead, or the window has no room for it) there is no
             # telling, while a trial on a latency-bound source would cost a run of slow batches.
             promising = mine * 4 >= self._count and \
-                (own_s - self._own[0]) / mine < elapsed / self._count
+                (own_s - self._own[0]) / mine < _CONTENTION * elapsed / self._count
             return self._switch("solo", True) if promising else self._switch("keep", False)
         if self._phase == "solo" and not busy_elsewhere:
             won = elapsed < self._workers_s
             self._keep = _KEEP if won else min(2 * self._keep, _KEEP_MAX)
+            self._remember(won)
             return self._switch("keep", won)
         # kept long enough, or the consumer has work of its own: the workers gather meanwhile
         return self._switch("workers", False)
@@ -105,6 +127,17 @@ class SoloProbe:
         self._phase, self.solo = "workers", False
         self._count, self._outside = -self._settle, 0.0
         return False
+
+    def _remember(self, solo: bool) -> None:
+        """Keep ``solo`` as the verdict for this probe's work (for the next engine doing it)."""
+        key = self._key
+        if key is None:
+            return
+        _VERDICTS.pop(key, None)
+        if solo:  # only solo verdicts change where an engine starts
+            _VERDICTS[key] = True
+            while len(_VERDICTS) > _VERDICTS_MAX:
+                del _VERDICTS[next(iter(_VERDICTS))]
 
     def _switch(self, phase: str, solo: bool) -> bool | None:
         changed = solo != self.solo
