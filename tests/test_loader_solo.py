@@ -219,3 +219,20 @@ def test_a_loader_over_the_same_work_starts_parked_once_solo_won():
     with headrace.Loader({"x": x}, batch=32, order="sequential", threads=2, epochs=1) as ld:
         next(ld)
         assert not ld.stats()["workers_parked"]
+
+
+def test_a_verifying_epoch_is_other_work_than_a_steady_one(tmp_path):
+    # a verdict found while first reads still check records is not applied to epochs that
+    # check nothing (their gathers cost differently)
+    x = np.arange(2_000 * 16, dtype=np.uint8).reshape(2_000, 16)
+    headrace.pack_arrays(tmp_path / "s.hr", x=x, progress=False)
+    with headrace.open(tmp_path / "s.hr") as st:
+        assert not st.checked_all()
+        with headrace.Loader(st, batch=64, order="sequential", epochs=1) as ld:
+            verifying = ld._work_key()
+            assert sum(len(b["x"]) for b in ld) == 2_000
+            steady = ld._work_key()
+        assert st.checked_all() and st.checked_all(["x"])
+    assert verifying != steady and verifying[:2] == steady[:2]
+    with headrace.open(tmp_path / "s.hr", verify="never") as st:
+        assert st.checked_all()

@@ -979,13 +979,16 @@ class Loader:
 
     def _work_key(self) -> Any:
         """What names this loader's work for the solo probe's verdicts (``_engine.solo``): the
-        data, the batch, the threads, the transform object and whether it is tuned."""
+        data (and whether its reads still verify records), the batch, the threads, the
+        transform object and whether it is tuned."""
         try:
             fingerprint = self.source.fingerprint
+            state = getattr(self.source, "work_state", None)
+            state = state() if callable(state) else None  # a store still verifying: other work
         except Exception:  # a source that cannot name its data: no verdict is shared
             return None
-        return (type(self.source).__qualname__, fingerprint, self.batch_size, self._cfg.threads,
-                id(self._transform) if self._transform is not None else None,
+        return (type(self.source).__qualname__, fingerprint, state, self.batch_size,
+                self._cfg.threads, id(self._transform) if self._transform is not None else None,
                 self._tuner is not None)
 
     def _restart(self, budget: ByteBudget | None = None) -> None:

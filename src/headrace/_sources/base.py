@@ -192,6 +192,11 @@ class StoreSource:
     def gather(self, ids: np.ndarray) -> dict[str, Any]:
         return self.store.gather(ids, self.fields)  # a fresh dict per call already
 
+    def work_state(self) -> bool:
+        """Whether first reads still check records (a verifying epoch is other work than a
+        steady one, for the solo probe's verdicts)."""
+        return bool(self.store.checked_all(self.fields))
+
     def close(self) -> None:
         if self._owned:
             self.store.close()

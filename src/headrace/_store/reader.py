@@ -280,6 +280,16 @@ class Store:
     def attrs(self) -> dict[str, Any]:
         return dict(self._st.meta.attrs)
 
+    def checked_all(self, fields: Iterable[str] | None = None) -> bool:
+        """Whether reads of ``fields`` (default: all) check nothing more on first reads: every
+        record was verified in this process (``verify="first"``), or checks are never or always
+        made. Reads cost the same from then on (a loader's solo probe keys its verdicts by it)."""
+        if self.verify != "first":
+            return True
+        ver = self._st.verified
+        names = self._st.fields if fields is None else fields
+        return all(ver.count.get(name, ver.n) >= ver.n for name in names)
+
     @property
     def meta(self) -> Meta:
         """The parsed ``meta.json`` of the loaded commit."""
