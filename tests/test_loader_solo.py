@@ -236,3 +236,17 @@ def test_a_verifying_epoch_is_other_work_than_a_steady_one(tmp_path):
     assert verifying != steady and verifying[:2] == steady[:2]
     with headrace.open(tmp_path / "s.hr", verify="never") as st:
         assert st.checked_all()
+
+
+def test_a_parked_consumer_gets_its_own_batches_straight(monkeypatch):
+    # parked for the whole run: every batch the consumer gathered went straight to it, never
+    # through the queue of finished batches (one post and one more locked pass each)
+    monkeypatch.setattr(SoloProbe, "leave", lambda self, *args: None)
+    x = np.arange(3_000 * 8, dtype=np.int64).reshape(3_000, 8)
+    with headrace.Loader({"x": x}, batch=64, order="sequential", threads=2, epochs=1) as ld:
+        key = ld._work_key()
+    solo._VERDICTS[key] = True  # the next such loader starts parked
+    with headrace.Loader({"x": x}, batch=64, order="sequential", threads=2, epochs=1) as ld:
+        got = [b["x"].copy() for b in ld]
+        assert ld.stats()["queue_high_water"] == 0
+    assert np.array_equal(np.concatenate(got), x)

@@ -3,6 +3,8 @@ dtypes and shapes, schedules with byte-aware batching, stats keys, print_stats, 
 
 from __future__ import annotations
 
+import os
+
 import mx8 as real
 import pytest
 from tests._files import random_files
@@ -307,3 +309,18 @@ def test_the_class_apis_batch_ceiling_is_a_quarter_of_the_inflight_cap(big_pack,
     assert [b.sample_ids for b in mx8.DataLoader(str(big_pack), **kw)] == want
     assert batch_ceiling(inflight, None) == {None: 32 << 20, 8 << 20: 4 << 20,
                                                  64 << 20: 16 << 20}[inflight]
+
+
+def test_a_record_past_the_derived_ceiling_names_max_batch_bytes_as_mx8(tmp_path):
+    """With max_inflight_bytes 16 MiB the class API's ceiling is 4 MiB: a 5 MB record is mx8's
+    error about max_batch_bytes 4194304, and headrace's ConfigError says what to pass."""
+    root = random_files(tmp_path / "in", 3, 1000, 2000, seed=1)
+    (root / "a" / "big.bin").write_bytes(os.urandom(5_000_000))
+    real.pack_dir(str(root), out=str(tmp_path / "pk"), shard_mb=64)
+    kw = dict(batch_size_samples=4, max_inflight_bytes=16 << 20)
+    with pytest.raises(RuntimeError, match=r"byte_length 5000000 > max_batch_bytes 4194304"):
+        list(real.DataLoader(str(tmp_path / "pk"), manifest_store=str(tmp_path / "ms"), **kw))
+    with pytest.raises(ConfigError, match=r"record \d+ has 5000000 bytes > max_batch_bytes "
+                                          r"4194304: .*quarter of max_inflight_bytes \(16777216\)"
+                                          r".*pass max_batch_bytes of at least 5000000"):
+        mx8.DataLoader(str(tmp_path / "pk"), **kw)

@@ -574,7 +574,7 @@ class _Engine:
             elif inline:
                 own = self._inline()
                 tried_inline = own is None
-                if tried_inline and self.parked and self.end_k is None:
+                if tried_inline and self.parked:
                     self._set_solo(probe.refused())  # a parked worker reserves it, waiting
         self.budget.release(result.nbytes)
         solo = probe.leave(time.monotonic(), self.own_cpu_s, self.own_batches)
@@ -981,13 +981,9 @@ class Loader:
         """What names this loader's work for the solo probe's verdicts (``_engine.solo``): the
         data (and whether its reads still verify records), the batch, the threads, the
         transform object and whether it is tuned."""
-        try:
-            fingerprint = self.source.fingerprint
-            state = getattr(self.source, "work_state", None)
-            state = state() if callable(state) else None  # a store still verifying: other work
-        except Exception:  # a source that cannot name its data: no verdict is shared
-            return None
-        return (type(self.source).__qualname__, fingerprint, state, self.batch_size,
+        state = getattr(self.source, "work_state", None)  # optional (``Source``)
+        return (type(self.source).__qualname__, self.source.fingerprint,
+                state() if callable(state) else None, self.batch_size,
                 self._cfg.threads, id(self._transform) if self._transform is not None else None,
                 self._tuner is not None)
 

@@ -48,8 +48,10 @@ _BUSY_SHARE = 0.2  # the consumer counts as waiting on the loader below this sha
 # beside a worker against 45 alone on the 2-vCPU VM), so a trial is worth it below this times
 # the delivery interval.
 _CONTENTION = 1.3
-_VERDICTS: dict[Hashable, bool] = {}  # the last trial's outcome per kind of work (this process)
-_VERDICTS_MAX = 64  # the oldest is forgotten past this many kinds
+# Kinds of work whose last trial the consumer alone won (this process); a lost trial, or a
+# consumer found busy elsewhere, removes its kind. Insertion-ordered: the oldest goes first.
+_VERDICTS: dict[Hashable, bool] = {}
+_VERDICTS_MAX = 64
 
 
 class SoloProbe:

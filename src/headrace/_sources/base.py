@@ -28,7 +28,12 @@ __all__ = ["ArraySource", "Source", "StoreSource", "open_source", "record_sizes"
 
 @runtime_checkable
 class Source(Protocol):
-    """Records ``0..N-1`` a loader can gather from. ``gather`` must be thread-safe."""
+    """Records ``0..N-1`` a loader can gather from. ``gather`` must be thread-safe.
+
+    Optional: ``work_state()``, a hashable that changes when gathers start costing differently
+    (``StoreSource``: whether first reads still verify records); the loader's solo probe keeps
+    its verdicts per state (``_engine.solo``).
+    """
 
     def __len__(self) -> int: ...
 

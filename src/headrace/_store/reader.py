@@ -283,7 +283,7 @@ class Store:
     def checked_all(self, fields: Iterable[str] | None = None) -> bool:
         """Whether reads of ``fields`` (default: all) check nothing more on first reads: every
         record was verified in this process (``verify="first"``), or checks are never or always
-        made. Reads cost the same from then on (a loader's solo probe keys its verdicts by it)."""
+        made: reads cost the same from then on."""
         if self.verify != "first":
             return True
         ver = self._st.verified
