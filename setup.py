@@ -2,7 +2,8 @@
 
 ``optional=True``: without a C compiler the install still succeeds; ``_order/shuffle.py`` then
 computes the same ids in NumPy, ``_store/crc_rows.py`` the same checksums one record per
-``google_crc32c`` call and ``_store/snapshot.py`` the same layout scan in NumPy, only slower
+``google_crc32c`` call and ``_store/snapshot.py`` the same layout scan in NumPy and a parked loader copies its batches in the
+consumer's thread (``_store/_copylane.c``), only slower
 (see each module's ``accelerated()`` or fallback).
 """
 
@@ -13,4 +14,6 @@ setup(ext_modules=[Extension("headrace._order._cshuffle", ["src/headrace/_order/
                    Extension("headrace._store._crcrows", ["src/headrace/_store/_crcrows.c"],
                              optional=True, extra_compile_args=["-O3"]),
                    Extension("headrace._store._layout", ["src/headrace/_store/_layout.c"],
+                             optional=True, extra_compile_args=["-O3"]),
+                   Extension("headrace._store._copylane", ["src/headrace/_store/_copylane.c"],
                              optional=True, extra_compile_args=["-O3"])])

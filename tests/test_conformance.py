@@ -26,6 +26,7 @@ import headrace
 from _kinds import BATCH, KINDS, Data, Kind
 from _loader_util import as_plain
 from headrace._engine import checkpoint as _checkpoint
+from headrace._engine import solo
 
 ALL = list(KINDS.values())
 MIXES = [k for k in ALL if k.name.startswith("mix")]
@@ -80,6 +81,34 @@ def test_checkpoint_resume_continues_exactly(kind: Kind, data: Data) -> None:
             if not kind.endless:
                 assert next(second, None) is None, f"{kind}: more batches after the end"
         assert head + rest == ref, f"{kind}: stop={stop}: the resumed stream differs"
+
+
+class _AlwaysSolo(dict):
+    """Solo verdicts saying that every kind of work went faster with the consumer alone."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return True
+
+
+@pytest.mark.parametrize("kind", ALL, ids=repr)
+def test_parked_engines_yield_the_same_stream_and_resume_exactly(
+        kind: Kind, data: Data, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every engine with its workers parked for the whole run: the consumer gathers each batch,
+    # the next one started on the copy lane where its source can (arrays, stores, .npy).
+    ref = reference(kind, data, epochs=2) if not kind.endless else reference(kind, data)
+    monkeypatch.setattr(solo, "_VERDICTS", _AlwaysSolo())
+    monkeypatch.setattr(solo, "_KEEP", 10**9)
+    monkeypatch.setattr(solo, "_BUSY_SHARE", 1e9)
+    kw = {} if kind.endless else {"epochs": 2}
+    with kind.make(data, **kw) as loader:
+        assert read(loader, kind.take) == ref, f"{kind}: parked, the stream differs"
+    stop = len(ref) // 2 + 1
+    with kind.make(data, **kw) as first:
+        head = read(first, stop)
+        token = first.checkpoint()
+    with kind.make(data, resume=token, **kw) as second:
+        rest = read(second, None if kind.take is None else len(ref) - stop)
+    assert head + rest == ref, f"{kind}: parked, the resumed stream differs"
 
 
 @pytest.mark.parametrize("kind", ALL, ids=repr)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from headrace._base.errors import ConfigError, NotAStoreError, RecordIndexError
+from headrace._store import lane
 from headrace._store.recycle import Recycler
 
 __all__ = ["Dataset"]
@@ -84,6 +85,13 @@ class _StoreBackend:
     def gather(self, idx: np.ndarray) -> Any:
         return self.store.gather(idx, self._fields)[self.field]
 
+    def gather_start(self, idx: np.ndarray) -> Any:
+        started = self.store.gather_start(idx, self._fields)
+        return None if started is None else lane.Then(started, self._field_of)
+
+    def _field_of(self, got: dict[str, Any]) -> Any:
+        return got[self.field]
+
     def close(self) -> None:
         self.source.close()
 
@@ -116,6 +124,13 @@ class _ArrayBackend:
             # unlike "raise" writes straight into ``out`` with no per-index bounds check
             return self.array.take(idx, axis=0, out=out, mode="clip")
         return np.asarray(self.array[idx])
+
+    def gather_start(self, idx: np.ndarray) -> Any:
+        if not self._mapped or not idx.size:
+            return None
+        got = lane.take_started(self.array, idx, self._recycler.empty(
+            (len(idx), *self.array.shape[1:]), self.dtype))
+        return None if got is None else lane.Started(got[0], [got[1]])
 
     def close(self) -> None:
         self._recycler.clear()  # the arrays handed out stay valid
@@ -271,6 +286,12 @@ class Dataset:
     def __getitems__(self, indices: Any) -> Any:
         """A batch of records in the order of ``indices`` (unsorted and repeated ids are fine)."""
         return self._backend.gather(_normalize_indices(indices, len(self._backend)))
+
+    def gather_start(self, indices: Any) -> Any:
+        """``__getitems__(indices)`` started on the copy lane (``wait()`` gives the records), or
+        None where the read is not a plain copy."""
+        fn = getattr(self._backend, "gather_start", None)
+        return None if fn is None else fn(_normalize_indices(indices, len(self._backend)))
 
     def close(self) -> None:
         """Gives back the store (shared in this process while its files are unchanged: closed

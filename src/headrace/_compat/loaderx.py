@@ -18,6 +18,7 @@ from headrace._engine.config import resolve_config
 from headrace._engine.keywords import checked
 from headrace._engine.loader import Loader, resolve_order
 from headrace._sources.base import ArraySource
+from headrace._store import lane
 
 __all__ = ["DataLoader"]
 
@@ -119,6 +120,16 @@ class _FieldPairSource(ArraySource):
     def gather(self, ids: np.ndarray) -> dict[str, Any]:
         got = self._store.gather(ids, self._names)
         return {"data": got[self._names[0]], "label": got[self._names[1]]}
+
+    def gather_start(self, ids: np.ndarray) -> Any:
+        started = self._store.gather_start(ids, self._names)
+        return None if started is None else lane.Then(started, self._renamed)
+
+    def _renamed(self, got: dict[str, Any]) -> dict[str, Any]:
+        return {"data": got[self._names[0]], "label": got[self._names[1]]}
+
+    def work_state(self) -> bool:
+        return bool(self._store.checked_all(self._names))
 
 
 def _source(dataset: Any, labelset: Any) -> ArraySource:

@@ -92,6 +92,7 @@ class _Result:
     where: str = "worker"
     retry: bool = False  # the consumer was interrupted gathering it: gather it again
     epoch: int = 0  # the epoch of the batch's first sample (for a transform that takes it)
+    pending: Any = None  # its gather started on the copy lane (``source.gather_start``)
 
 
 class _Engine:
@@ -176,6 +177,11 @@ class _Engine:
         # whether the consumer gathers faster alone is measured (``_engine.solo``); parked, no
         # worker runs, whatever the tuner's thread count (``workers``, which applies again after)
         self.probe = SoloProbe(settle=self.window + 1, key=work_key)
+        # Parked, the consumer starts the next batch's gather on the copy lane before it hands
+        # over the current one (``_start_ahead``): the copy runs on a native thread while the
+        # consumer does its bookkeeping and its own work, and ``take`` finishes it.
+        self.lane = getattr(source, "gather_start", None)
+        self.ahead: _Result | None = None
         self.workers = self.active
         self.parked = self.probe.solo  # the same work went faster solo in this process
         if self.parked:
@@ -422,7 +428,12 @@ class _Engine:
         cpu = self.cpu_clock  # a system call per read: only the tuner uses it
         c0 = time.thread_time() if cpu else 0.0
         try:
-            batch = self.source.gather(task.ids)
+            started = task.pending
+            if started is not None:
+                task.pending = None
+                batch = started.wait()
+            else:
+                batch = self.source.gather(task.ids)
             t1 = time.monotonic()
             busy[0] += t1 - t0
             if cpu:
@@ -530,6 +541,11 @@ class _Engine:
         result: _Result | None
         probe = self.probe
         probe.enter(time.monotonic())
+        ahead = self.ahead
+        if ahead is not None:  # started last time: wait for its copy, delivered below as own
+            self.ahead = None
+            self._run(ahead, self.busy[-1], inline=True, post=False)
+            own = ahead
         while True:
             inline = False
             rerun: _Result | None = None
@@ -577,10 +593,31 @@ class _Engine:
                 if tried_inline and self.parked:
                     self._set_solo(probe.refused())  # a parked worker reserves it, waiting
         self.budget.release(result.nbytes)
+        if self.parked and self.lane is not None:
+            self._start_ahead()  # before leave(): the probe counts it as the loader's time
         solo = probe.leave(time.monotonic(), self.own_cpu_s, self.own_batches)
         if solo is not None:
             self._set_solo(solo)
         return result
+
+    def _start_ahead(self) -> None:
+        """Reserve the next batch as the consumer's own and start its gather on the copy lane
+        (``source.gather_start``); the next ``take`` waits for it. Where the lane cannot copy
+        it (first reads verifying records, say), the next ``take`` gathers it as before."""
+        if not self.dispatch_lock.acquire(blocking=False):
+            return
+        try:
+            task = self._dispatch(wait=False)
+        finally:
+            self.dispatch_lock.release()
+        if task is None:
+            return
+        assert self.lane is not None
+        try:
+            task.pending = self.lane(task.ids)
+        except Exception:  # the plain gather in ``take`` raises it again, named and in place
+            task.pending = None
+        self.ahead = task
 
     def _delivered_locked(self, result: _Result) -> None:
         """Batch ``result`` (the next in order) goes to the consumer: its room in the window is
@@ -658,6 +695,7 @@ class _Engine:
         with self.lock:
             self.ready.clear()
             held, self.reserved = self.reserved, 0
+        self.ahead = None  # a copy still running finishes first (its read holds the buffers)
         # Batches reserved but never delivered give their bytes back: a budget shared with other
         # loaders (a mix's share, which outlives this engine) would otherwise lose them for good.
         if held:

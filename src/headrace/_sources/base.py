@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from headrace._base.errors import ConfigError
+from headrace._store import lane
 from headrace._store.fingerprint import store_fingerprint
 from headrace._store.format import looks_like_store
 
@@ -32,7 +33,10 @@ class Source(Protocol):
 
     Optional: ``work_state()``, a hashable that changes when gathers start costing differently
     (``StoreSource``: whether first reads still verify records); the loader's solo probe keeps
-    its verdicts per state (``_engine.solo``).
+    its verdicts per state (``_engine.solo``). ``gather_start(ids)``: starts the same gather on
+    the copy lane (``_store.lane``) and returns at once, an object whose ``wait()`` returns the
+    batch, or None when this gather is not a plain copy (the loader then calls ``gather``); a
+    parked consumer starts the next batch that way before it hands over the current one.
     """
 
     def __len__(self) -> int: ...
@@ -197,6 +201,9 @@ class StoreSource:
     def gather(self, ids: np.ndarray) -> dict[str, Any]:
         return self.store.gather(ids, self.fields)  # a fresh dict per call already
 
+    def gather_start(self, ids: np.ndarray) -> Any:
+        return self.store.gather_start(ids, self.fields)
+
     def work_state(self) -> bool:
         """Whether first reads still check records (a verifying epoch is other work than a
         steady one, for the solo probe's verdicts)."""
@@ -303,8 +310,41 @@ class ArraySource:
     def gather(self, ids: np.ndarray) -> dict[str, Any]:
         return {name: self._take(col, ids) for name, col in self.columns.items()}
 
+    def gather_start(self, ids: np.ndarray) -> Any:
+        """Every column's take on the copy lane (NumPy arrays, and datasets that can start
+        theirs), else None."""
+        if not lane.available():
+            return None
+        out: dict[str, Any] = {}
+        pending: list[Any] = []
+        for name, col in self.columns.items():
+            if isinstance(col, np.ndarray):
+                got = lane.take_started(col, ids)
+                if got is None:
+                    return None
+                out[name], copy = got
+                pending.append(copy)
+                continue
+            fn = getattr(col, "gather_start", None)
+            started = fn(ids) if fn is not None else None
+            if started is None:
+                return None
+            out[name] = started
+        return _Columns(out, pending)
+
     def close(self) -> None:
         pass
+
+
+class _Columns(lane.Started):
+    """An ``ArraySource`` batch in progress: arrays being copied, and datasets' own reads
+    (``wait()`` gives each dataset's records)."""
+
+    __slots__ = ()
+
+    def wait(self) -> dict[str, Any]:
+        out = super().wait()
+        return {name: v if isinstance(v, np.ndarray) else v.wait() for name, v in out.items()}
 
 
 _HASH_WHOLE_BYTES = 64 << 20

@@ -230,6 +230,8 @@ class SharedStoreSource:
         self.gather = source.gather
         self.nbytes = source.nbytes
         self.record_nbytes = source.record_nbytes
+        self.gather_start = source.gather_start
+        self.work_state = source.work_state
 
     def __len__(self) -> int:
         return len(self._source)

@@ -24,6 +24,7 @@ import numpy as np
 
 from headrace._base.errors import ConfigError, RecordIndexError, SchemaError, WriterClosedError
 from headrace._store import format as _format
+from headrace._store import lane
 from headrace._store.codecs import loop_decoder
 from headrace._store.crc_rows import crc32c_rows, take_checked
 from headrace._store.format import FieldSpec, Meta
@@ -386,6 +387,47 @@ class Store:
         if self.verify != "always":
             self._plan_steady(st, key, names)
         return out
+
+    def gather_start(self, indices: Sequence[int] | np.ndarray,
+                     fields: str | Iterable[str] | None = None) -> lane.Started | None:
+        """Starts ``gather(indices, fields)`` on the copy lane (a native thread that copies while
+        the caller runs Python) and returns at once; ``wait()`` on the result gives the records.
+
+        Only reads that are copies take the lane: fixed-shape raw fields once every record of
+        them was verified (``verify="first"``, from the second epoch on; ``"never"``: at once).
+        Otherwise, or where the lane was not built, returns None: call ``gather``.
+
+        Raises:
+            RecordIndexError: an id outside ``[0, N)`` (nothing is started).
+        """
+        if not lane.available():
+            return None
+        st = self._st
+        if fields is not None and not isinstance(fields, str):
+            fields = tuple(fields)
+        plan = self._plans.get(fields)
+        if plan is None or plan.snapshot is not st:
+            return None
+        n = st.meta.length
+        idx = (indices if type(indices) is np.ndarray and indices.dtype == _INT64
+               and indices.ndim == 1 else record_ids(indices, n))
+        if not idx.flags.c_contiguous:
+            idx = np.ascontiguousarray(idx)
+        out: dict[str, Any] = {}
+        pending = []
+        empty = self._recycler.empty
+        try:
+            for name, vrows, rows, view in plan.fields:
+                if not vrows.flags.c_contiguous or vrows.ndim != 2:
+                    return None  # (a layout the plan never makes today) gather copies it
+                got = empty((len(idx), vrows.shape[1]), vrows.dtype)
+                # the lane checks the ids against [0, n) itself when rows are ids
+                pending.append(lane.start_rows(vrows, idx, got, n) if rows is None
+                               else lane.start_rows(vrows, rows(record_ids(idx, n)), got, -1))
+                out[name] = got if view is None else view(got)
+        except IndexError:
+            _out_of_range(idx, n)
+        return lane.Started(out, pending)
 
     def _plan_checked(self, st: Snapshot, key: Any, names: list[str]) -> None:
         """Memoizes ``names``' checked reads when every one of them has a sequential layout (the

@@ -1,0 +1,258 @@
+"""The copy lane: rows copied on a native thread (``_store/_copylane.c``), the reads that start on
+it (``Store.gather_start``, the sources' ``gather_start``) and a parked engine that starts each
+next batch there."""
+
+from __future__ import annotations
+
+import multiprocessing
+from typing import Any
+
+import numpy as np
+import pytest
+from headrace._store._copylane import start
+
+import headrace
+from headrace._base.errors import RecordIndexError
+from headrace._engine import solo
+from headrace._store import lane
+
+# -- the C lane ----------------------------------------------------------------------------------
+
+
+def test_rows_are_copied_runs_and_scattered_alike() -> None:
+    src = np.arange(1000 * 24, dtype=np.uint8).reshape(1000, 24)
+    for rows in (np.arange(100, 356), np.random.default_rng(0).integers(0, 1000, 300),
+                 np.array([5, 5, 6, 7, 3, 999, 0, 1])):
+        rows = rows.astype(np.int64)
+        out = np.empty((len(rows), 24), np.uint8)
+        p = start(src, 24, rows, out, -1)
+        p.wait()
+        assert p.done
+        np.testing.assert_array_equal(out, src[rows])
+
+
+def test_a_row_outside_the_limit_is_an_index_error_and_nothing_is_copied() -> None:
+    src = np.ones((10, 8), np.uint8)
+    out = np.zeros((2, 8), np.uint8)
+    with pytest.raises(IndexError, match=r"row 10 is outside 0\.\.9"):
+        start(src, 8, np.array([0, 10], np.int64), out, -1)
+    with pytest.raises(IndexError, match=r"row 7 is outside 0\.\.6"):
+        start(src, 8, np.array([0, 7], np.int64), out, 7)
+    with pytest.raises(IndexError, match="row -1"):
+        start(src, 8, np.array([-1], np.int64), out, -1)
+    assert not out.any()
+    with pytest.raises(ValueError, match="out holds 8 bytes"):
+        start(src, 8, np.array([0, 1], np.int64), out[:1], -1)
+    with pytest.raises(ValueError, match="row_bytes must be > 0"):
+        start(src, 0, np.array([0], np.int64), out, -1)
+
+
+def test_more_copies_than_the_queue_holds_and_dropped_ones_all_finish() -> None:
+    src = np.random.default_rng(1).integers(0, 255, (4096, 512), dtype=np.uint8)
+    outs, pending = [], []
+    for i in range(300):  # the queue holds 64: the rest copy in the caller
+        rows = np.arange(i, i + 8, dtype=np.int64)
+        outs.append((rows, np.empty((8, 512), np.uint8)))
+        pending.append(start(src, 512, rows, outs[-1][1], -1))
+    del pending  # dropping a copy in flight waits for it: its buffers stay valid until then
+    for rows, out in outs:
+        np.testing.assert_array_equal(out, src[rows])
+
+
+def test_a_pending_copy_keeps_its_buffers() -> None:
+    src = bytearray(range(256)) * 64
+    out = np.empty((64, 256), np.uint8)
+    p = start(src, 256, np.arange(64, dtype=np.int64), out, -1)
+    with pytest.raises(BufferError):
+        src.extend(b"x")  # exported to the lane until the copy is done
+    p.wait()
+    src.extend(b"x")  # given back
+    np.testing.assert_array_equal(out.reshape(-1), np.frombuffer(src, np.uint8)[:-1])
+
+
+def _child_copies(q: Any) -> None:
+    src = np.arange(200 * 40, dtype=np.uint8).reshape(200, 40)
+    out = np.empty((50, 40), np.uint8)
+    start(src, 40, np.arange(150, 200, dtype=np.int64), out, -1).wait()
+    q.put(bool((out == src[150:]).all()))
+
+
+def test_a_forked_child_copies_on_a_lane_of_its_own() -> None:
+    start(np.zeros((4, 4), np.uint8), 4, np.arange(4, dtype=np.int64),
+          np.empty((4, 4), np.uint8), -1).wait()  # the parent's lane thread is running
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_copies, args=(q,))
+    p.start()
+    assert q.get(timeout=60) is True
+    p.join(60)
+    assert p.exitcode == 0
+
+
+# -- reads started on the lane ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def store(tmp_path: Any) -> Any:
+    rng = np.random.default_rng(2)
+    headrace.pack_arrays(tmp_path / "s", x=rng.integers(0, 255, (500, 96), dtype=np.uint8),
+                         y=np.arange(500, dtype=np.int64), progress=False)
+    with headrace.open(tmp_path / "s") as st:
+        yield st
+
+
+def test_store_reads_start_once_every_record_was_verified(store: Any) -> None:
+    ids = np.arange(100, 164, dtype=np.int64)
+    assert store.gather_start(ids, ("x", "y")) is None  # first reads still verify records
+    store.gather(np.arange(500), ("x", "y"))
+    for idx in (ids, np.random.default_rng(3).integers(0, 500, 200)):
+        got = store.gather_start(idx, ("x", "y")).wait()
+        want = store.gather(idx, ("x", "y"))
+        assert got.keys() == want.keys()
+        for k in want:
+            assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape
+            np.testing.assert_array_equal(got[k], want[k])
+    with pytest.raises(RecordIndexError, match="record id 500 is out of range"):
+        store.gather_start(np.array([3, 500]), ("x", "y"))
+
+
+def test_store_with_verify_never_starts_at_once(tmp_path: Any) -> None:
+    headrace.pack_arrays(tmp_path / "s", x=np.arange(50, dtype=np.float32), progress=False)
+    with headrace.open(tmp_path / "s", verify="never") as st:
+        st.gather(np.arange(2))  # the steady plan is made by a first read
+        np.testing.assert_array_equal(st.gather_start(np.arange(10, 20)).wait()["x"],
+                                      np.arange(10, 20, dtype=np.float32))
+
+
+def test_array_and_dataset_sources_start_plain_takes(tmp_path: Any) -> None:
+    from headrace._sources.base import ArraySource
+
+    x = np.arange(300, dtype=np.float32).reshape(100, 3)
+    src = ArraySource({"x": x, "y": np.arange(100)})
+    ids = np.array([9, 3, 3, 50], np.int64)
+    got = src.gather_start(ids).wait()
+    np.testing.assert_array_equal(got["x"], x[ids])
+    np.testing.assert_array_equal(got["y"], ids)
+    assert ArraySource({"o": np.array([None] * 100, object)}).gather_start(ids) is None
+    np.save(tmp_path / "x.npy", x)
+    ds = headrace.Dataset(str(tmp_path / "x.npy"))
+    np.testing.assert_array_equal(ds.gather_start(ids).wait(), x[ids])
+
+
+# -- a parked engine ---------------------------------------------------------------------------------
+
+
+class _Always(dict):
+    """Solo verdicts that say every kind of work went faster with the consumer alone."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return True
+
+
+def _park(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every engine starts with its workers parked and stays so; returns the count of copies
+    the lane is given (through ``lane._start``)."""
+    monkeypatch.setattr(solo, "_VERDICTS", _Always())
+    monkeypatch.setattr(solo, "_KEEP", 10**9)
+    monkeypatch.setattr(solo, "_BUSY_SHARE", 1e9)  # never found busy elsewhere (tiny batches)
+    count = [0]
+    real = lane._start
+
+    def counted(*a: Any) -> Any:
+        count[0] += 1
+        return real(*a)
+
+    monkeypatch.setattr(lane, "_start", counted)
+    return count
+
+
+@pytest.fixture
+def parked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    return _park(monkeypatch)
+
+
+def _batches(loader: Any, n: int | None = None) -> list[dict[str, np.ndarray]]:
+    out = []
+    for b in loader:
+        out.append({k: np.array(v) for k, v in b.items()})
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+def _same(a: list[dict[str, np.ndarray]], b: list[dict[str, np.ndarray]]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.keys() == y.keys()
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k])
+
+
+@pytest.mark.parametrize("order", ["sequential", "shuffle", "iid"])
+def test_a_parked_loader_yields_the_batches_its_workers_do(tmp_path: Any, order: str,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    rng = np.random.default_rng(4)
+    headrace.pack_arrays(tmp_path / "s", x=rng.integers(0, 255, (999, 40), dtype=np.uint8),
+                         y=np.arange(999, dtype=np.int64), progress=False)
+    want = _batches(headrace.Loader(str(tmp_path / "s"), batch=32, order=order, seed=5, epochs=3,
+                                    threads=2))
+    copies = _park(monkeypatch)
+    got = _batches(headrace.Loader(str(tmp_path / "s"), batch=32, order=order, seed=5, epochs=3,
+                                   threads=2))
+    _same(got, want)
+    # epochs 2 and 3 at least (the first may still verify records): two fields per batch, all
+    # but the first batch of the run started ahead
+    assert copies[0] >= 2 * (2 * 32 - 1)
+
+
+def test_the_loaderx_loaders_over_npy_and_store_fields_start_on_the_lane(
+        tmp_path: Any, parked: list[int]) -> None:
+    x = np.arange(600, dtype=np.float32).reshape(200, 3)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", np.arange(200))
+    headrace.pack_arrays(tmp_path / "s", x=x, y=np.arange(200), progress=False)
+    for data, label in ((str(tmp_path / "x.npy"), str(tmp_path / "y.npy")),
+                        ((str(tmp_path / "s"), "x"), (str(tmp_path / "s"), "y"))):
+        before = parked[0]
+        ds = (headrace.Dataset(*data) if isinstance(data, tuple) else headrace.Dataset(data))
+        ls = (headrace.Dataset(*label) if isinstance(label, tuple) else headrace.Dataset(label))
+        with headrace.DataLoader(ds, ls, batch_size=16, mode=2, seed=1) as loader:
+            got = [next(loader) for _ in range(40)]
+        for b in got:
+            np.testing.assert_array_equal(b["data"], x[b["label"]])
+        assert parked[0] > before
+
+
+def test_closing_or_rewinding_with_a_copy_in_flight_is_clean(tmp_path: Any,
+                                                              parked: list[int]) -> None:
+    headrace.pack_arrays(tmp_path / "s", x=np.arange(4000, dtype=np.int64), progress=False)
+    st = headrace.open(tmp_path / "s", verify="never")
+    with headrace.Loader(st, batch=100, order="sequential", epochs=None) as loader:
+        it = iter(loader)
+        first = [next(it)["x"].copy() for _ in range(3)]
+        assert loader._engine.ahead is not None  # batch 3 is being copied
+        token = loader.checkpoint()
+        loader.set_epoch(0)  # the engine with the copy in flight is dropped
+        np.testing.assert_array_equal(next(it)["x"], first[0])
+        assert loader.stats()["inflight_bytes"] <= 2 * 800
+    with headrace.Loader(st, batch=100, order="sequential", epochs=None,
+                         resume=token) as loader:
+        np.testing.assert_array_equal(next(iter(loader))["x"], np.arange(300, 400))
+    st.close()
+    assert parked[0] > 0
+
+
+def test_a_transform_runs_on_the_batch_copied_ahead(tmp_path: Any, parked: list[int]) -> None:
+    headrace.pack_arrays(tmp_path / "s", x=np.arange(300, dtype=np.int64), progress=False)
+    st = headrace.open(tmp_path / "s", verify="never")
+
+    def double(batch: dict[str, Any], ids: np.ndarray) -> dict[str, Any]:
+        return {"x": batch["x"] * 2, "ids": ids}
+
+    with headrace.Loader(st, batch=30, order="shuffle", seed=2, epochs=2,
+                         transform=double) as loader:
+        for b in loader:
+            np.testing.assert_array_equal(b["x"], 2 * b["ids"])
+    st.close()
+    assert parked[0] > 0
