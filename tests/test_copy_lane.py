@@ -4,7 +4,8 @@ next batch there."""
 
 from __future__ import annotations
 
-import multiprocessing
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -70,23 +71,26 @@ def test_a_pending_copy_keeps_its_buffers() -> None:
     np.testing.assert_array_equal(out.reshape(-1), np.frombuffer(src, np.uint8)[:-1])
 
 
-def _child_copies(q: Any) -> None:
+_FORKED = """
+import os, numpy as np
+from headrace._store._copylane import start
+start(np.zeros((4, 4), np.uint8), 4, np.arange(4, dtype=np.int64),
+      np.empty((4, 4), np.uint8), -1).wait()  # the parent's lane thread is running
+pid = os.fork()
+if pid == 0:
     src = np.arange(200 * 40, dtype=np.uint8).reshape(200, 40)
     out = np.empty((50, 40), np.uint8)
     start(src, 40, np.arange(150, 200, dtype=np.int64), out, -1).wait()
-    q.put(bool((out == src[150:]).all()))
+    os._exit(0 if (out == src[150:]).all() else 3)
+_, status = os.waitpid(pid, 0)
+raise SystemExit(os.waitstatus_to_exitcode(status))
+"""
 
 
 def test_a_forked_child_copies_on_a_lane_of_its_own() -> None:
-    start(np.zeros((4, 4), np.uint8), 4, np.arange(4, dtype=np.int64),
-          np.empty((4, 4), np.uint8), -1).wait()  # the parent's lane thread is running
-    ctx = multiprocessing.get_context("fork")
-    q = ctx.Queue()
-    p = ctx.Process(target=_child_copies, args=(q,))
-    p.start()
-    assert q.get(timeout=60) is True
-    p.join(60)
-    assert p.exitcode == 0
+    # in a fresh interpreter: this one runs JAX's threads, which make fork() unsafe
+    done = subprocess.run([sys.executable, "-c", _FORKED], timeout=120)
+    assert done.returncode == 0
 
 
 # -- reads started on the lane ---------------------------------------------------------------------
@@ -231,7 +235,7 @@ def test_closing_or_rewinding_with_a_copy_in_flight_is_clean(tmp_path: Any,
     with headrace.Loader(st, batch=100, order="sequential", epochs=None) as loader:
         it = iter(loader)
         first = [next(it)["x"].copy() for _ in range(3)]
-        assert loader._engine.ahead is not None  # batch 3 is being copied
+        assert loader._engine.aheads  # batches 3 and 4 are being copied
         token = loader.checkpoint()
         loader.set_epoch(0)  # the engine with the copy in flight is dropped
         np.testing.assert_array_equal(next(it)["x"], first[0])

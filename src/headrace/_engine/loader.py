@@ -35,6 +35,7 @@ import threading
 import time
 import traceback
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +78,7 @@ _RAM_WAIT_S = 5.0  # how long next() waits on an over-cap process before raising
 _LIVENESS_S = 1.0  # while next() waits, check this often that some worker is still alive
 
 
+_AHEAD = 2  # batches a parked consumer keeps started on the copy lane
 _NO_IDS = np.empty(0, np.int64)
 _NO_IDS.flags.writeable = False
 
@@ -177,11 +179,12 @@ class _Engine:
         # whether the consumer gathers faster alone is measured (``_engine.solo``); parked, no
         # worker runs, whatever the tuner's thread count (``workers``, which applies again after)
         self.probe = SoloProbe(settle=self.window + 1, key=work_key)
-        # Parked, the consumer starts the next batch's gather on the copy lane before it hands
-        # over the current one (``_start_ahead``): the copy runs on a native thread while the
-        # consumer does its bookkeeping and its own work, and ``take`` finishes it.
+        # Parked, the consumer starts the next batches' gathers on the copy lane before it
+        # hands over the current one (``_start_ahead``): the copies run on a native thread
+        # while the consumer does its bookkeeping and its own work, and ``take`` finishes them
+        # in order. Reserved as the consumer's own, they stay here until delivered or posted.
         self.lane = getattr(source, "gather_start", None)
-        self.ahead: _Result | None = None
+        self.aheads: deque[_Result] = deque()
         self.workers = self.active
         self.parked = self.probe.solo  # the same work went faster solo in this process
         if self.parked:
@@ -470,6 +473,8 @@ class _Engine:
         self.ready[result.k] = result
         if self.inline_task is result:  # posted: no longer the consumer's to recover
             self.inline_task = None
+        if self.aheads and self.aheads[0] is result:
+            self.aheads.popleft()
         if len(self.ready) > self.counters.queue_high_water:
             self.counters.queue_high_water = len(self.ready)
         if result.error is not None and result.where == "dispatcher":
@@ -541,11 +546,9 @@ class _Engine:
         result: _Result | None
         probe = self.probe
         probe.enter(time.monotonic())
-        ahead = self.ahead
-        if ahead is not None:  # started last time: wait for its copy, delivered below as own
-            self.ahead = None
-            self._run(ahead, self.busy[-1], inline=True, post=False)
-            own = ahead
+        if self.aheads:  # started before: wait for its copy; delivered (or posted) below
+            own = self.aheads[0]
+            self._run(own, self.busy[-1], inline=True, post=False)
         while True:
             inline = False
             rerun: _Result | None = None
@@ -554,12 +557,15 @@ class _Engine:
                     mine, own = own, None
                     if mine.k == self.next_deliver and mine.error is None and not self.closed:
                         self.inline_task = None  # delivered straight, not through ``ready``
+                        if self.aheads and self.aheads[0] is mine:
+                            self.aheads.popleft()
                         self._delivered_locked(mine)
                         result = mine
                         break
                     self._post_locked(mine)  # later than the next (workers run) or failed
                 orphan = self.inline_task
-                if orphan is not None:  # a Ctrl-C came between its reservation and its post
+                if orphan is not None and orphan not in self.aheads:
+                    # a Ctrl-C came between its reservation and its post
                     self.inline_task = None
                     if orphan.k not in self.ready and not self.closed:
                         orphan.retry, orphan.where, orphan.error = True, "worker", None
@@ -601,23 +607,27 @@ class _Engine:
         return result
 
     def _start_ahead(self) -> None:
-        """Reserve the next batch as the consumer's own and start its gather on the copy lane
-        (``source.gather_start``); the next ``take`` waits for it. Where the lane cannot copy
-        it (first reads verifying records, say), the next ``take`` gathers it as before."""
-        if not self.dispatch_lock.acquire(blocking=False):
-            return
-        try:
-            task = self._dispatch(wait=False)
-        finally:
-            self.dispatch_lock.release()
-        if task is None:
-            return
-        assert self.lane is not None
-        try:
-            task.pending = self.lane(task.ids)
-        except Exception:  # the plain gather in ``take`` raises it again, named and in place
-            task.pending = None
-        self.ahead = task
+        """Reserve the next batches (up to ``_AHEAD`` started) as the consumer's own and start
+        their gathers on the copy lane (``source.gather_start``); ``take`` waits for each in
+        turn. Two, so the lane always has the next copy queued while ``take`` waits on one.
+        Where the lane cannot copy a batch (first reads verifying records, say), ``take``
+        gathers it as before."""
+        aheads = self.aheads
+        while len(aheads) < _AHEAD:
+            if not self.dispatch_lock.acquire(blocking=False):
+                return
+            try:
+                task = self._dispatch(wait=False)
+            finally:
+                self.dispatch_lock.release()
+            if task is None:
+                return
+            aheads.append(task)  # recovered from here, not as ``inline_task``, after a Ctrl-C
+            assert self.lane is not None
+            try:
+                task.pending = self.lane(task.ids)
+            except Exception:  # the plain gather in ``take`` raises it again, named and in place
+                task.pending = None
 
     def _delivered_locked(self, result: _Result) -> None:
         """Batch ``result`` (the next in order) goes to the consumer: its room in the window is
@@ -695,7 +705,7 @@ class _Engine:
         with self.lock:
             self.ready.clear()
             held, self.reserved = self.reserved, 0
-        self.ahead = None  # a copy still running finishes first (its read holds the buffers)
+        self.aheads.clear()  # a copy still running finishes first (its read holds the buffers)
         # Batches reserved but never delivered give their bytes back: a budget shared with other
         # loaders (a mix's share, which outlives this engine) would otherwise lose them for good.
         if held:
