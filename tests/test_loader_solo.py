@@ -46,6 +46,43 @@ def test_a_faster_solo_is_kept_then_both_are_timed_again():
     assert probe.solo
 
 
+def test_each_won_trial_after_a_won_one_keeps_solo_twice_as_long():
+    # steady work pays for its trials ever more rarely: the stretches before the workers are
+    # timed again grow 1, 2, 4 times _KEEP; a new probe over the same work starts with the last
+    probe = SoloProbe(settle=3, key="steady")
+    now, own, starts = 0.0, [0.0, 0], []
+    for i in range(40 * solo._KEEP):
+        probe.enter(now)
+        now += 40e-6 if probe.solo else 90e-6
+        if probe.solo or i % 2:
+            own[0] += 40e-6
+            own[1] += 1
+        if probe.leave(now, own[0], own[1]) is False:
+            starts.append(i)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert len(gaps) >= 3
+    keeps = [g - (3 + solo._TIMED + 3 + solo._TIMED) for g in gaps]
+    assert keeps[:3] == [2 * solo._KEEP, 4 * solo._KEEP, 8 * solo._KEEP]
+    assert solo._VERDICTS["steady"] == probe._keep
+    assert SoloProbe(settle=3, key="steady")._keep == probe._keep
+
+
+def test_a_source_with_a_copy_lane_gets_a_trial_even_when_workers_keep_ahead():
+    # parked, such a source's reads run on the lane beside the consumer: the consumer's own
+    # gathers (none here: the workers keep ahead) do not predict that, so it is timed anyway
+    def drive(probe: SoloProbe) -> list[bool]:
+        asked = []
+        for i in range(3 + solo._TIMED + 2):
+            probe.enter(i * 1e-4)
+            got = probe.leave(i * 1e-4 + 9.5e-5, 0.0, 0)
+            if got is not None:
+                asked.append(got)
+        return asked
+
+    assert drive(SoloProbe(settle=3)) == []
+    assert drive(SoloProbe(settle=3, lane=True)) == [True]
+
+
 def test_faster_workers_are_kept():
     # the consumer's own gathers looked fast, but alone it was slower: tried once, then kept off
     probe = SoloProbe(settle=3)

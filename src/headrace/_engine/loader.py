@@ -178,12 +178,12 @@ class _Engine:
         self.tids = [0] * count  # each worker's native thread id, for runqueue_seconds()
         # whether the consumer gathers faster alone is measured (``_engine.solo``); parked, no
         # worker runs, whatever the tuner's thread count (``workers``, which applies again after)
-        self.probe = SoloProbe(settle=self.window + 1, key=work_key)
+        self.lane = getattr(source, "gather_start", None)
+        self.probe = SoloProbe(settle=self.window + 1, key=work_key, lane=self.lane is not None)
         # Parked, the consumer starts the next batches' gathers on the copy lane before it
         # hands over the current one (``_start_ahead``): the copies run on a native thread
         # while the consumer does its bookkeeping and its own work, and ``take`` finishes them
         # in order. Reserved as the consumer's own, they stay here until delivered or posted.
-        self.lane = getattr(source, "gather_start", None)
         self.aheads: deque[_Result] = deque()
         self.workers = self.active
         self.parked = self.probe.solo  # the same work went faster solo in this process

@@ -13,7 +13,8 @@ While the consumer waits on the loader (it spends under ``_BUSY_SHARE`` of its t
 quarter of them itself, with less CPU per batch than ``_CONTENTION`` times the time the loader
 took to deliver one (beside the workers its gathers cost more than alone), a run is timed with
 the workers parked, and the faster way is kept for a longer stretch before both are
-timed again; each trial the consumer alone loses doubles that stretch. Expensive gathers that the
+timed again; each trial that ends as the one before it did (alone lost again, or won again)
+doubles that stretch, so steady work pays for its trials ever more rarely. Expensive gathers that the
 threads split well (image decoding, shuffled reads) and latency-bound sources, where the consumer
 gathers little or slowly, get no trial and pay nothing for it. CPU time, not wall time, is the
 measure of the consumer's gathers: their wall time counts the waits for the GIL that two threads
@@ -25,9 +26,9 @@ starts doing so while solo is kept gets them back within a run of ``_TIMED`` bat
 A loader built for each epoch (``Loader(..., seed=epoch, epochs=1)`` in a loop) would pay for
 the same trial every epoch: the last verdict for the same work (a ``key`` naming the source's data,
 the batch size, the threads and the transform) is kept for this process, and a new engine whose
-work solo last won starts with its workers parked, as if that trial had just been won; both ways
-are timed again after the usual stretch, and a consumer busy elsewhere gets the workers back
-within a run of batches, as always.
+work solo last won starts with its workers parked, as if that trial had just been won (with the
+stretch that trial earned); both ways are timed again after it, and a consumer busy elsewhere
+gets the workers back within a run of batches, as always.
 
 Parking workers changes who gathers, never what is gathered: batches are reserved, posted and
 delivered in the same order under the same caps either way.
@@ -41,16 +42,17 @@ __all__ = ["SoloProbe"]
 
 _TIMED = 32  # batches timed each way
 _KEEP = 480  # batches the faster way is kept before both are timed again
-_KEEP_MAX = 16 * _KEEP  # each trial the consumer alone lost doubles the keep, up to this
+_KEEP_MAX = 16 * _KEEP  # each trial that ends as the last one did doubles the keep, up to this
 _BUSY_SHARE = 0.2  # the consumer counts as waiting on the loader below this share outside next()
 # The consumer's gathers timed beside the workers cost up to this much more CPU than alone (the
 # threads share the memory bandwidth and the caches: a sequential copy took 51-63 us a batch
 # beside a worker against 45 alone on the 2-vCPU VM), so a trial is worth it below this times
 # the delivery interval.
 _CONTENTION = 1.3
-# Kinds of work whose last trial the consumer alone won (this process); a lost trial, or a
-# consumer found busy elsewhere, removes its kind. Insertion-ordered: the oldest goes first.
-_VERDICTS: dict[Hashable, bool] = {}
+# Kinds of work whose last trial the consumer alone won (this process), with the stretch that
+# trial earned; a lost trial, or a consumer found busy elsewhere, removes its kind.
+# Insertion-ordered: the oldest goes first.
+_VERDICTS: dict[Hashable, int] = {}
 _VERDICTS_MAX = 64
 
 
@@ -64,11 +66,16 @@ class SoloProbe:
     timed (the batches in flight drain, or the workers start again).
     """
 
-    def __init__(self, settle: int, key: Hashable | None = None) -> None:
+    def __init__(self, settle: int, key: Hashable | None = None, *, lane: bool = False) -> None:
         self._settle = max(1, settle)
+        # the source can start its reads on the copy lane: parked is then not the consumer
+        # alone but the consumer and the lane, which its own gathers beside the workers do not
+        # predict (workers that keep ahead leave it none to time), so every timing gets a trial
+        self._lane = lane
         self._key = key
         # a solo verdict for the same work: start parked, as after a won trial
-        self.solo = key is not None and _VERDICTS.get(key, False)
+        kept = _VERDICTS.get(key, 0) if key is not None else 0
+        self.solo = bool(kept)
         self._phase = "keep" if self.solo else "workers"  # "workers" / "solo": timing that way;
         # "keep": running the faster way
         self._count = -self._settle  # batches into the phase; negative while settling
@@ -78,7 +85,8 @@ class SoloProbe:
         self._workers_s = 0.0
         self._own = (0.0, 0)  # the consumer's own gathers (CPU seconds, batches) when timing began
         self._last_own = (0.0, 0)
-        self._keep = _KEEP
+        self._keep = max(_KEEP, int(kept)) if kept else _KEEP
+        self._won: bool | None = True if kept else None  # how the last trial ended
 
     def enter(self, now: float) -> None:
         if self._left_at is not None:
@@ -97,6 +105,7 @@ class SoloProbe:
             # spending time elsewhere (training after a fast warm-up) gets its workers back now
             if self._outside > _BUSY_SHARE * (now - self._start):
                 self._remember(False)
+                self._won, self._keep = None, _KEEP  # other work now: trials start afresh
                 return self._switch("workers", False)
             self._start, self._outside = now, 0.0
             return None
@@ -111,12 +120,15 @@ class SoloProbe:
             # batches came: worth a trial. Slower, alone it cannot be faster; and with too few
             # of its own (workers keep ahead, or the window has no room for it) there is no
             # telling, while a trial on a latency-bound source would cost a run of slow batches.
-            promising = mine * 4 >= self._count and \
-                (own_s - self._own[0]) / mine < _CONTENTION * elapsed / self._count
+            promising = self._lane or (mine * 4 >= self._count and (own_s - self._own[0])
+                                       / mine < _CONTENTION * elapsed / self._count)
             return self._switch("solo", True) if promising else self._switch("keep", False)
         if self._phase == "solo" and not busy_elsewhere:
             won = elapsed < self._workers_s
-            self._keep = _KEEP if won else min(2 * self._keep, _KEEP_MAX)
+            # a loss always doubles (alone is tried ever more rarely); a win doubles after a win
+            again = not won or self._won is True
+            self._keep = min(2 * self._keep, _KEEP_MAX) if again else _KEEP
+            self._won = won
             self._remember(won)
             return self._switch("keep", won)
         # kept long enough, or the consumer has work of its own: the workers gather meanwhile
@@ -137,7 +149,7 @@ class SoloProbe:
             return
         _VERDICTS.pop(key, None)
         if solo:  # only solo verdicts change where an engine starts
-            _VERDICTS[key] = True
+            _VERDICTS[key] = self._keep
             while len(_VERDICTS) > _VERDICTS_MAX:
                 del _VERDICTS[next(iter(_VERDICTS))]
 
