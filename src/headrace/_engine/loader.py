@@ -179,7 +179,9 @@ class _Engine:
         # whether the consumer gathers faster alone is measured (``_engine.solo``); parked, no
         # worker runs, whatever the tuner's thread count (``workers``, which applies again after)
         self.lane = getattr(source, "gather_start", None)
-        self.probe = SoloProbe(settle=self.window + 1, key=work_key, lane=self.lane is not None)
+        # (a transform the consumer would run alone: its own gathers do predict that)
+        self.probe = SoloProbe(settle=self.window + 1, key=work_key,
+                               lane=self.lane is not None and transform is None)
         # Parked, the consumer starts the next batches' gathers on the copy lane before it
         # hands over the current one (``_start_ahead``): the copies run on a native thread
         # while the consumer does its bookkeeping and its own work, and ``take`` finishes them
