@@ -41,7 +41,8 @@ spent per batch: unlike wall time it barely moves with load from other jobs, and
 peer can reach on an idle machine (2 threads at best halve the wall time of their CPU work). Peak RSS
 is ``ru_maxrss`` of the peer's process plus its largest child (torch workers); it counts the mmap'd
 page-cache pages a peer touched, which are shared and reclaimable, so ``anon MB`` (the peak of the
-process's anonymous RSS, sampled every 10 ms) says what a peer really allocated.
+process's anonymous RSS, sampled every 10 ms during its epochs only, so idle peers take no CPU
+from the one being timed) says what a peer really allocated.
 
 ``first vs ceiling's first`` compares the first epochs (each peer's process is fresh, its modules
 imported before the timer, its data opened inside it; headrace verifies every record's crc32c on
@@ -464,16 +465,18 @@ def import_for(peer: str) -> None:
 def serve_peer(peer: str, root: Path, rows: int) -> None:
     """Child process: runs one epoch of ``peer`` per ``run`` line on stdin, prints JSON lines."""
     import_for(peer)
-    anon = AnonPeak()
+    anon = AnonPeak(running=False)
     repeat = 0
     print(json.dumps({"ready": peer}), flush=True)
     for line in sys.stdin:
         if line.strip() == "run":
+            anon.resume()
             cpu0 = _cpu_seconds()
             t0 = time.perf_counter()
             got = RUNNERS[peer](root, rows, repeat)
             seconds = time.perf_counter() - t0
             cpu = _cpu_seconds() - cpu0
+            anon.pause()
             repeat += 1
             if got != rows:
                 raise RuntimeError(f"{peer} delivered {got} rows, expected {rows}")
