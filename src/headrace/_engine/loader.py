@@ -83,7 +83,7 @@ _NO_IDS = np.empty(0, np.int64)
 _NO_IDS.flags.writeable = False
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # compared by identity (``in`` the queue of aheads)
 class _Result:
     k: int
     ids: np.ndarray
