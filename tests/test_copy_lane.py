@@ -260,3 +260,49 @@ def test_a_transform_runs_on_the_batch_copied_ahead(tmp_path: Any, parked: list[
             np.testing.assert_array_equal(b["x"], 2 * b["ids"])
     st.close()
     assert parked[0] > 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["waiting", "starting"])
+def test_a_ctrl_c_around_a_batch_copied_ahead_loses_and_repeats_nothing(
+        monkeypatch: pytest.MonkeyPatch, parked: list[int], where: str) -> None:
+    # a Ctrl-C as the consumer waits for a copied-ahead batch, or right after it reserved one:
+    # every batch is still delivered once, in order
+    from headrace._engine import loader as _loader
+
+    hits: list[int] = []
+    if where == "waiting":
+        run = _loader._Engine._run
+
+        def interrupted(self: Any, task: Any, busy: Any, *, inline: bool = False,
+                        post: bool = True) -> None:
+            if task.pending is not None and len(hits) < 3 and task.k % 5 == 0:
+                hits.append(task.k)
+                raise KeyboardInterrupt
+            return run(self, task, busy, inline=inline, post=post)
+
+        monkeypatch.setattr(_loader._Engine, "_run", interrupted)
+    else:
+        dispatch = _loader._Engine._dispatch
+
+        def reserved_then_interrupted(self: Any, *, wait: bool) -> Any:
+            task = dispatch(self, wait=wait)
+            if task is not None and not wait and self.aheads and len(hits) < 3 \
+                    and task.k % 7 == 0:
+                hits.append(task.k)
+                raise KeyboardInterrupt  # reserved as the consumer's own, not queued yet
+            return task
+
+        monkeypatch.setattr(_loader._Engine, "_dispatch", reserved_then_interrupted)
+    x = np.arange(6400)
+    got = []
+    with headrace.Loader({"x": x}, batch=32, order="sequential", epochs=1) as ld:
+        while True:
+            try:
+                got.append(next(ld)["x"].copy())
+            except KeyboardInterrupt:
+                continue
+            except StopIteration:
+                break
+    assert np.concatenate(got).tolist() == x.tolist()
+    assert len(hits) == 3

@@ -548,6 +548,10 @@ class _Engine:
         result: _Result | None
         probe = self.probe
         probe.enter(time.monotonic())
+        if self.parked and self.lane is not None:
+            # before anything is delivered: a Ctrl-C in here loses nothing (a batch reserved
+            # and not yet queued is the consumer's ``inline_task``, gathered again)
+            self._start_ahead()
         if self.aheads:  # started before: wait for its copy; delivered (or posted) below
             own = self.aheads[0]
             self._run(own, self.busy[-1], inline=True, post=False)
@@ -558,7 +562,8 @@ class _Engine:
                 if own is not None:  # the batch the consumer just gathered itself
                     mine, own = own, None
                     if mine.k == self.next_deliver and mine.error is None and not self.closed:
-                        self.inline_task = None  # delivered straight, not through ``ready``
+                        if self.inline_task is mine:  # delivered straight, not via ``ready``
+                            self.inline_task = None
                         if self.aheads and self.aheads[0] is mine:
                             self.aheads.popleft()
                         self._delivered_locked(mine)
@@ -601,8 +606,6 @@ class _Engine:
                 if tried_inline and self.parked:
                     self._set_solo(probe.refused())  # a parked worker reserves it, waiting
         self.budget.release(result.nbytes)
-        if self.parked and self.lane is not None:
-            self._start_ahead()  # before leave(): the probe counts it as the loader's time
         solo = probe.leave(time.monotonic(), self.own_cpu_s, self.own_batches)
         if solo is not None:
             self._set_solo(solo)
@@ -611,10 +614,14 @@ class _Engine:
     def _start_ahead(self) -> None:
         """Reserve the next batches (up to ``_AHEAD`` started) as the consumer's own and start
         their gathers on the copy lane (``source.gather_start``); ``take`` waits for each in
-        turn. Two, so the lane always has the next copy queued while ``take`` waits on one.
+        turn. Two, so the lane has the next copy queued while ``take`` waits on one and while
+        the program uses the batch it was handed.
         Where the lane cannot copy a batch (first reads verifying records, say), ``take``
         gathers it as before."""
         aheads = self.aheads
+        orphan = self.inline_task
+        if orphan is not None and orphan not in aheads:
+            return  # a Ctrl-C left a reservation behind: ``take`` recovers it first
         while len(aheads) < _AHEAD:
             if not self.dispatch_lock.acquire(blocking=False):
                 return
