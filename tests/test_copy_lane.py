@@ -60,6 +60,23 @@ def test_more_copies_than_the_queue_holds_and_dropped_ones_all_finish() -> None:
         np.testing.assert_array_equal(out, src[rows])
 
 
+def test_a_waiter_copies_the_jobs_the_lane_has_not_taken_yet() -> None:
+    # the lane busy with the first copies: waiting on later ones (in any order) copies them in
+    # the waiter, and the lane skips them; every copy comes out right
+    rng = np.random.default_rng(5)
+    src = rng.integers(0, 255, (2048, 4096), dtype=np.uint8)
+    jobs = []
+    for _ in range(40):
+        rows = rng.integers(0, 2048, 256).astype(np.int64)
+        out = np.empty((256, 4096), np.uint8)
+        jobs.append((rows, out, start(src, 4096, rows, out, -1)))
+    for j in [39, 20, 38, 0, *range(1, 20), *range(21, 38)]:
+        rows, out, p = jobs[j]
+        p.wait()
+        assert p.done
+        np.testing.assert_array_equal(out, src[rows])
+
+
 def test_a_pending_copy_keeps_its_buffers() -> None:
     src = bytearray(range(256)) * 64
     out = np.empty((64, 256), np.uint8)

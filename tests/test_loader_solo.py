@@ -83,6 +83,20 @@ def test_a_source_with_a_copy_lane_gets_a_trial_even_when_workers_keep_ahead():
     assert drive(SoloProbe(settle=3, lane=True)) == [True]
 
 
+def test_a_solo_that_won_keeps_its_place_unless_clearly_slower():
+    # after a won trial, the next one is lost only when solo takes 15% longer than the workers
+    def retimed(solo_s: float) -> bool:
+        probe = SoloProbe(settle=3)
+        _drive(probe, 3 + solo._TIMED + 3 + solo._TIMED + 1, solo_s=40e-6, workers_s=90e-6)
+        assert probe.solo  # won, kept
+        _drive(probe, solo._KEEP + 3 + solo._TIMED + 3 + solo._TIMED + 1, solo_s=solo_s,
+               workers_s=solo_s / 1.1 if solo_s < 90e-6 else 90e-6)
+        return probe.solo
+
+    assert retimed(88e-6)  # 10% slower than the workers now: still solo
+    assert not retimed(120e-6)  # a third slower: the workers
+
+
 def test_faster_workers_are_kept():
     # the consumer's own gathers looked fast, but alone it was slower: tried once, then kept off
     probe = SoloProbe(settle=3)

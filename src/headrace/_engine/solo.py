@@ -13,8 +13,10 @@ While the consumer waits on the loader (it spends under ``_BUSY_SHARE`` of its t
 quarter of them itself, with less CPU per batch than ``_CONTENTION`` times the time the loader
 took to deliver one (beside the workers its gathers cost more than alone), a run is timed with
 the workers parked, and the faster way is kept for a longer stretch before both are
-timed again; each trial that ends as the one before it did (alone lost again, or won again)
-doubles that stretch, so steady work pays for its trials ever more rarely. Expensive gathers that the
+timed again; a solo that won its last trial keeps its place unless it now takes ``_INCUMBENT``
+times as long as the workers (32 batches on a noisy machine decide little: the workers' run starts
+with the batches they had ready). Each trial that ends as the one before it did (alone lost
+again, or won again) doubles that stretch, so steady work pays for its trials ever more rarely. Expensive gathers that the
 threads split well (image decoding, shuffled reads) and latency-bound sources, where the consumer
 gathers little or slowly, get no trial and pay nothing for it. CPU time, not wall time, is the
 measure of the consumer's gathers: their wall time counts the waits for the GIL that two threads
@@ -49,6 +51,7 @@ _BUSY_SHARE = 0.2  # the consumer counts as waiting on the loader below this sha
 # beside a worker against 45 alone on the 2-vCPU VM), so a trial is worth it below this times
 # the delivery interval.
 _CONTENTION = 1.3
+_INCUMBENT = 1.15  # a solo that won its last trial loses the next only when this much slower
 # Kinds of work whose last trial the consumer alone won (this process), with the stretch that
 # trial earned; a lost trial, or a consumer found busy elsewhere, removes its kind.
 # Insertion-ordered: the oldest goes first.
@@ -124,7 +127,9 @@ class SoloProbe:
                                        / mine < _CONTENTION * elapsed / self._count)
             return self._switch("solo", True) if promising else self._switch("keep", False)
         if self._phase == "solo" and not busy_elsewhere:
-            won = elapsed < self._workers_s
+            # solo won the last trial: it keeps its place unless clearly slower now (a run of
+            # 32 batches on a noisy machine, the workers' helped by the batches they had ready)
+            won = elapsed < self._workers_s * (_INCUMBENT if self._won else 1.0)
             # a loss always doubles (alone is tried ever more rarely); a win doubles after a win
             again = not won or self._won is True
             self._keep = min(2 * self._keep, _KEEP_MAX) if again else _KEEP

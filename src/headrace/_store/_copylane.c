@@ -15,8 +15,11 @@
  * done, so neither the mapping nor out can go away under the thread; its wait() returns once out
  * holds the rows (the GIL released while it waits), and dropping a Pending waits too.
  *
- * Jobs run one at a time in the order queued. A full queue, or a forked child (whose copy of the
- * thread does not exist), copies in the caller instead: the result is the same.
+ * The lane runs jobs one at a time in the order queued; a waiter whose job the lane has not
+ * taken yet copies it itself (the lane thread may be descheduled on a busy machine: the consumer
+ * then never spins on work it could do). A full queue copies in the caller. In a forked child
+ * (whose copy of the thread does not exist) the parent's jobs are never copied and waits on them
+ * return at once; new ones start a lane of the child's own.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -37,23 +40,26 @@
  * long before it sleeps: longer than a batch's bookkeeping, far shorter than a training step */
 #define SPIN_NS 200000
 
+/* a job's state: queued, taken (by the lane, or by a waiter that copies it itself), copied */
+enum { QUEUED = 0, TAKEN = 1, COPIED = 2 };
+
 typedef struct {
     uint8_t *dst;
     const uint8_t *src;
     const int64_t *rows;
     Py_ssize_t n, rb;
-    uint64_t ticket;
+    _Atomic int *state;  /* the Pending's, which outlives its slot: a waiter that takes the job
+                          * itself clears the slot's pointer (under mu) first */
 } Job;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t work_cv = PTHREAD_COND_INITIALIZER, done_cv = PTHREAD_COND_INITIALIZER;
 static Job queue[QUEUE];
-static uint64_t head = 0, tail = 0;         /* under mu: next job to run, next free slot */
-static _Atomic uint64_t queued = 0;         /* tickets handed out (the last job's) */
-static _Atomic uint64_t completed = 0;      /* the last finished job's ticket (jobs run in order) */
+static _Atomic uint64_t head = 0, tail = 0; /* written under mu: next job to take, next free slot */
 static _Atomic int waiters = 0;             /* threads asleep (or about to be) on done_cv */
 static int sleeping = 0;                    /* under mu: the lane waits on work_cv */
 static int running = 0;                     /* under mu: the lane thread exists in this process */
+static uint64_t generation = 0;             /* forks seen by this process (a child's jobs are lost) */
 
 static uint64_t now_ns(void) {
     struct timespec t;
@@ -72,13 +78,22 @@ static void copy_rows(uint8_t *dst, const uint8_t *src, const int64_t *rows, Py_
     }
 }
 
+static void finish(_Atomic int *state) {
+    atomic_store(state, COPIED);
+    if (atomic_load(&waiters)) {
+        pthread_mutex_lock(&mu);
+        pthread_cond_broadcast(&done_cv);
+        pthread_mutex_unlock(&mu);
+    }
+}
+
 static void *lane(void *arg) {
     (void)arg;
     for (;;) {
         /* spin for the next job, then sleep until one is queued */
         uint64_t since = 0;
         unsigned spins = 0;
-        while (atomic_load(&queued) == atomic_load(&completed)) {
+        while (atomic_load(&head) == atomic_load(&tail)) {
             RELAX();
             if (++spins % 256) continue;
             uint64_t t = now_ns();
@@ -91,50 +106,72 @@ static void *lane(void *arg) {
             pthread_mutex_unlock(&mu);
             break;
         }
+        /* the oldest job nobody took yet (a waiter may have copied some itself) */
+        Job job;
+        int got = 0;
         pthread_mutex_lock(&mu);
-        if (head == tail) {  /* the spin saw a ticket whose job is being written: look again */
-            pthread_mutex_unlock(&mu);
-            continue;
+        while (head != tail) {
+            job = queue[head % QUEUE];
+            head++;
+            if (job.state != NULL) {  /* NULL: a waiter took it */
+                atomic_store(job.state, TAKEN);
+                got = 1;
+                break;
+            }
         }
-        Job job = queue[head % QUEUE];
         pthread_mutex_unlock(&mu);
+        if (!got) continue;
         copy_rows(job.dst, job.src, job.rows, job.n, job.rb);
-        pthread_mutex_lock(&mu);
-        head++;  /* the slot is free only now: its rows pointer was read during the copy */
-        pthread_mutex_unlock(&mu);
-        atomic_store(&completed, job.ticket);
-        if (atomic_load(&waiters)) {
-            pthread_mutex_lock(&mu);
-            pthread_cond_broadcast(&done_cv);
-            pthread_mutex_unlock(&mu);
-        }
+        finish(job.state);
     }
     return NULL;
 }
 
 static void after_fork_child(void) {
-    /* no lane thread here: queued jobs were the parent's; nothing waits on them in this child
-     * (an engine refuses to run after fork), and new ones start a thread of their own */
+    /* no lane thread here: the parent's queued jobs will never run in this child (its waits
+     * return at once, see wait_job), and new ones start a thread of their own */
     pthread_mutex_init(&mu, NULL);
     pthread_cond_init(&work_cv, NULL);
     pthread_cond_init(&done_cv, NULL);
     head = tail = 0;
-    atomic_store(&completed, atomic_load(&queued));
     atomic_store(&waiters, 0);
     sleeping = running = 0;
+    generation++;
 }
 
-static void wait_ticket(uint64_t ticket) {
-    if (atomic_load(&completed) >= ticket) return;
+/* Waits (GIL released) until the job is copied. A job the lane has not taken yet (the lane
+ * thread descheduled, or busy with an earlier one) the waiter takes and copies itself: a
+ * preempted lane never leaves the consumer spinning on work it could do. */
+static void wait_job(_Atomic int *state, const Job *job) {
+    int mine = 0;
+    if (atomic_load(state) == QUEUED) {
+        pthread_mutex_lock(&mu);
+        if (atomic_load(state) == QUEUED) {  /* still in its slot: clear the slot, take it */
+            for (uint64_t i = head; i != tail; i++) {
+                if (queue[i % QUEUE].state == state) {
+                    queue[i % QUEUE].state = NULL;
+                    break;
+                }
+            }
+            atomic_store(state, TAKEN);
+            mine = 1;
+        }
+        pthread_mutex_unlock(&mu);
+    }
+    if (mine) {
+        copy_rows(job->dst, job->src, job->rows, job->n, job->rb);
+        atomic_store(state, COPIED);
+        return;
+    }
     uint64_t since = now_ns();
     unsigned spins = 0;
-    while (atomic_load(&completed) < ticket) {
+    while (atomic_load(state) != COPIED) {
         RELAX();
         if (++spins % 256) continue;
         if (now_ns() - since < SPIN_NS) continue;
         pthread_mutex_lock(&mu);
         atomic_fetch_add(&waiters, 1);
-        while (atomic_load(&completed) < ticket) pthread_cond_wait(&done_cv, &mu);
+        while (atomic_load(state) != COPIED) pthread_cond_wait(&done_cv, &mu);
         atomic_fetch_sub(&waiters, 1);
         pthread_mutex_unlock(&mu);
         return;
@@ -145,19 +182,20 @@ static void wait_ticket(uint64_t ticket) {
 
 typedef struct {
     PyObject_HEAD
-    uint64_t ticket;  /* 0: done (copied in the caller, or waited for) */
-    int held;         /* the buffers are still exported */
+    _Atomic int state;  /* COPIED once done (also when copied in the caller) */
+    uint64_t generation;
+    int held;           /* the buffers are still exported */
+    Job job;
     Py_buffer src, rows, out;
 } Pending;
 
 static void release(Pending *p) {
-    if (p->ticket) {
-        uint64_t t = p->ticket;
+    if (atomic_load(&p->state) != COPIED && p->generation == generation) {
         Py_BEGIN_ALLOW_THREADS
-        wait_ticket(t);
+        wait_job(&p->state, &p->job);
         Py_END_ALLOW_THREADS
-        p->ticket = 0;
     }
+    atomic_store(&p->state, COPIED);
     if (p->held) {
         p->held = 0;
         PyBuffer_Release(&p->src);
@@ -174,7 +212,7 @@ static PyObject *pending_wait(Pending *p, PyObject *unused) {
 
 static PyObject *pending_done(Pending *p, void *unused) {
     (void)unused;
-    return PyBool_FromLong(!p->ticket || atomic_load(&completed) >= p->ticket);
+    return PyBool_FromLong(atomic_load(&p->state) == COPIED);
 }
 
 static void pending_dealloc(Pending *p) {
@@ -219,7 +257,8 @@ static PyObject *start(PyObject *self, PyObject *args) {
     (void)self;
     Pending *p = PyObject_New(Pending, &PendingType);
     if (p == NULL) return NULL;
-    p->ticket = 0;
+    atomic_store(&p->state, COPIED);  /* nothing to wait for until queued */
+    p->generation = generation;
     p->held = 0;
     Py_ssize_t rb, limit;
     if (!PyArg_ParseTuple(args, "y*ny*w*n", &p->src, &rb, &p->rows, &p->out, &limit)) {
@@ -247,22 +286,20 @@ static PyObject *start(PyObject *self, PyObject *args) {
             goto fail;
         }
     }
-    Job job = {(uint8_t *)p->out.buf, (const uint8_t *)p->src.buf, rows, n, rb, 0};
+    p->job = (Job){(uint8_t *)p->out.buf, (const uint8_t *)p->src.buf, rows, n, rb, &p->state};
     pthread_mutex_lock(&mu);
     if (tail - head >= QUEUE || ensure_lane() < 0) {
         pthread_mutex_unlock(&mu);
         Py_BEGIN_ALLOW_THREADS
-        copy_rows(job.dst, job.src, job.rows, n, rb);
+        copy_rows(p->job.dst, p->job.src, rows, n, rb);
         Py_END_ALLOW_THREADS
         return (PyObject *)p;  /* done already: wait() only releases the buffers */
     }
-    job.ticket = atomic_load(&queued) + 1;
-    queue[tail % QUEUE] = job;
+    atomic_store(&p->state, QUEUED);
+    queue[tail % QUEUE] = p->job;
     tail++;
-    atomic_store(&queued, job.ticket);
     if (sleeping) pthread_cond_signal(&work_cv);
     pthread_mutex_unlock(&mu);
-    p->ticket = job.ticket;
     return (PyObject *)p;
 fail:
     Py_DECREF(p);
