@@ -264,6 +264,27 @@ def test_closing_or_rewinding_with_a_copy_in_flight_is_clean(tmp_path: Any,
     assert parked[0] > 0
 
 
+def test_the_lane_keeps_its_two_batches_under_a_window_of_one(tmp_path: Any,
+                                                               parked: list[int]) -> None:
+    # a tuner's first setting (one thread, no prefetch) leaves a window of one batch: the lane
+    # still gets the next two, inside the byte budget
+    st = headrace.open(_packed(tmp_path, np.arange(3000, dtype=np.int64)), verify="never")
+    with headrace.Loader(st, batch=100, order="sequential", epochs=1, tune=True) as loader:
+        assert loader._engine.window == 1
+        got = [next(loader)["x"].copy(), next(loader)["x"].copy()]
+        assert loader._engine.aheads  # the next batch is being copied while this one is used
+        got += [b["x"].copy() for b in loader]
+        assert loader.stats()["inflight_high_water_bytes"] <= 3 * 800
+    np.testing.assert_array_equal(np.concatenate(got), np.arange(3000))
+    assert parked[0] >= 20  # without the lane's own window: none
+    st.close()
+
+
+def _packed(tmp_path: Any, x: np.ndarray) -> Any:
+    headrace.pack_arrays(tmp_path / "w", x=x, progress=False)
+    return tmp_path / "w"
+
+
 def test_a_transform_runs_on_the_batch_copied_ahead(tmp_path: Any, parked: list[int]) -> None:
     headrace.pack_arrays(tmp_path / "s", x=np.arange(300, dtype=np.int64), progress=False)
     st = headrace.open(tmp_path / "s", verify="never")
@@ -302,8 +323,8 @@ def test_a_ctrl_c_around_a_batch_copied_ahead_loses_and_repeats_nothing(
     else:
         dispatch = _loader._Engine._dispatch
 
-        def reserved_then_interrupted(self: Any, *, wait: bool) -> Any:
-            task = dispatch(self, wait=wait)
+        def reserved_then_interrupted(self: Any, *, wait: bool, window: int = 0) -> Any:
+            task = dispatch(self, wait=wait, window=window)
             if task is not None and not wait and self.aheads and len(hits) < 3 \
                     and task.k % 7 == 0:
                 hits.append(task.k)

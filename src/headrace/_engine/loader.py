@@ -291,18 +291,18 @@ class _Engine:
                     self.dispatcher_waits = False
             self.window_wait_s += time.monotonic() - w0
 
-    def _dispatch(self, *, wait: bool) -> _Result | None:
+    def _dispatch(self, *, wait: bool, window: int = 0) -> _Result | None:
         """Take the next step and reserve its bytes; called under ``dispatch_lock``.
 
         ``wait=False`` (the consumer's inline dispatch) never blocks: when the window, RAM or
         budget has no room now it leaves the step in ``_pending`` for the next dispatcher and
-        returns None.
+        returns None. ``window``: the window it may fill, when larger than the engine's.
         """
         with self.lock:
             k = self.next_dispatch
             if wait:
                 self._wait_window(self.dispatch_cv)
-            elif k - self.next_deliver >= self.window:
+            elif k - self.next_deliver >= max(self.window, window):
                 return None
             if self.closed or self.end_k is not None:
                 return None
@@ -626,7 +626,9 @@ class _Engine:
             if not self.dispatch_lock.acquire(blocking=False):
                 return
             try:
-                task = self._dispatch(wait=False)
+                # the lane's batches may pass a smaller window (no prefetch, one thread: a
+                # tuner's first setting): the byte budget and the RAM cap still hold them
+                task = self._dispatch(wait=False, window=1 + _AHEAD)
             finally:
                 self.dispatch_lock.release()
             if task is None:
