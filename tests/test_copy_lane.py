@@ -344,3 +344,31 @@ def test_a_ctrl_c_around_a_batch_copied_ahead_loses_and_repeats_nothing(
                 break
     assert np.concatenate(got).tolist() == x.tolist()
     assert len(hits) == 3
+
+
+def test_loaders_in_several_threads_share_the_lane(parked: list[int]) -> None:
+    # one lane for the process: four loaders in four threads, each parked and copying ahead,
+    # each gets exactly its own stream
+    import threading
+
+    rng = np.random.default_rng(7)
+    arrays = [rng.integers(0, 1 << 40, (5000, 16)) for _ in range(4)]
+    results: list[Any] = [None] * 4
+
+    def read(i: int) -> None:
+        with headrace.Loader({"x": arrays[i]}, batch=64, order="shuffle", seed=i,
+                             epochs=2) as ld:
+            results[i] = [(b["x"].copy()) for b in ld]
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i in range(4):
+        want = [b["x"] for b in headrace.Loader({"x": arrays[i]}, batch=64, order="shuffle",
+                                                seed=i, epochs=2, threads=1)]
+        assert len(results[i]) == len(want)
+        for a, b in zip(results[i], want, strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert parked[0] > 4 * 100
