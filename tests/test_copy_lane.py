@@ -372,3 +372,37 @@ def test_loaders_in_several_threads_share_the_lane(parked: list[int]) -> None:
         for a, b in zip(results[i], want, strict=True):
             np.testing.assert_array_equal(a, b)
     assert parked[0] > 4 * 100
+
+
+def test_stats_count_the_batches_copied_on_the_lane(tmp_path: Any, parked: list[int]) -> None:
+    st = headrace.open(_packed(tmp_path, np.arange(1000, dtype=np.int64)), verify="never")
+    with headrace.Loader(st, batch=100, order="shuffle", epochs=2) as ld:
+        n = sum(1 for _ in ld)
+        assert n == 20
+        assert 18 <= ld.stats()["lane_batches_total"] <= 20
+        ld.set_epoch(0)  # a new engine: the count goes on
+        next(ld)
+        assert ld.stats()["lane_batches_total"] >= 19
+    st.close()
+
+    class Plain:  # a source that cannot start its reads on the lane
+        def __init__(self) -> None:
+            self.x = np.arange(1000)
+
+        def __len__(self) -> int:
+            return 1000
+
+        fingerprint = "plain"
+
+        def nbytes(self, ids: np.ndarray) -> int:
+            return 8 * len(ids)
+
+        def gather(self, ids: np.ndarray) -> dict[str, Any]:
+            return {"x": self.x[ids]}
+
+        def close(self) -> None:
+            pass
+
+    with headrace.Loader(Plain(), batch=100, order="shuffle", epochs=1) as ld:
+        assert sum(len(b["x"]) for b in ld) == 1000
+        assert ld.stats()["lane_batches_total"] == 0

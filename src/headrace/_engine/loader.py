@@ -187,6 +187,7 @@ class _Engine:
         # while the consumer does its bookkeeping and its own work, and ``take`` finishes them
         # in order. Reserved as the consumer's own, they stay here until delivered or posted.
         self.aheads: deque[_Result] = deque()
+        self.lane_batches = 0  # batches copied on the lane (the consumer's thread counts them)
         self.workers = self.active
         self.parked = self.probe.solo  # the same work went faster solo in this process
         if self.parked:
@@ -437,6 +438,7 @@ class _Engine:
             if started is not None:
                 task.pending = None
                 batch = started.wait()
+                self.lane_batches += 1
             else:
                 batch = self.source.gather(task.ids)
             t1 = time.monotonic()
@@ -973,7 +975,8 @@ class Loader:
         shared = self._init_kwargs.get("budget")  # a mix's share of its one byte budget
         self._budget = shared if shared is not None else ByteBudget(self._cfg.max_inflight_bytes)
         self._ram_wait_s = _RAM_WAIT_S
-        self._done = [0.0, 0.0, 0.0]  # budget wait, gather, transform seconds of past engines
+        # budget wait, gather, transform seconds and lane batches of past engines
+        self._done = [0.0, 0.0, 0.0, 0]
         self._done_high = 0
         if resume is not None:
             self._adopt(resume)
@@ -1060,6 +1063,7 @@ class Loader:
             self._done[0] += self._budget.wait_seconds
             self._done[1] += sum(b[0] for b in old.busy)
             self._done[2] += sum(b[1] for b in old.busy)
+            self._done[3] += old.lane_batches
         self._done_high = max(self._done_high, self._budget.high_water_bytes)
         # The stopped threads may keep bytes reserved they will never release: start on a fresh
         # budget (a mix's share is renewed the same way, see BudgetShare.renew).
@@ -1369,6 +1373,7 @@ class Loader:
             "effective_max_queue_batches": cfg.window_batches,
             "threads": cfg.threads,
             "workers_parked": bool(engine.parked) if engine else False,
+            "lane_batches_total": (engine.lane_batches if engine else 0) + int(self._done[3]),
             "profile": cfg.profile,
             "want": cfg.want,
             "rank": self.rank,
