@@ -13,6 +13,19 @@ import numpy as np
 import headrace
 
 
+def read_through_interrupts(loader: Any) -> list[int]:
+    """Every ``x`` of ``loader``'s batches, in order, going on after each ``KeyboardInterrupt``
+    (what a program that catches Ctrl-C and continues sees)."""
+    got = []
+    while True:
+        try:
+            got.append(next(loader)["x"].copy())
+        except KeyboardInterrupt:
+            continue
+        except StopIteration:
+            return np.concatenate(got).tolist()
+
+
 def as_plain(value: Any) -> Any:
     """Turn a batch (dict of ndarray / Ragged, possibly nested) into comparable Python data."""
     if isinstance(value, dict):

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import headrace
+from _loader_util import read_through_interrupts
 from _media import sine, write_audio, write_garbage
 from headrace import LoaderError
 
@@ -167,17 +168,6 @@ def _slow(batch, ids):
     return batch
 
 
-def _read_through_interrupts(ld):
-    got = []
-    while True:
-        try:
-            got.append(next(ld)["x"].copy())
-        except KeyboardInterrupt:
-            continue
-        except StopIteration:
-            return np.concatenate(got).tolist()
-
-
 @pytest.mark.timeout(60)
 def test_a_ctrl_c_between_the_consumers_reservation_and_its_post_loses_no_batch(monkeypatch):
     """A Ctrl-C can land after the consumer reserved a batch for itself and before it posted it:
@@ -195,7 +185,7 @@ def test_a_ctrl_c_between_the_consumers_reservation_and_its_post_loses_no_batch(
     monkeypatch.setattr(_loader._Engine, "_run", interrupted)
     with headrace.Loader({"x": np.arange(640)}, batch=32, order="sequential", epochs=1,
                          transform=_slow, threads=1) as ld:
-        assert _read_through_interrupts(ld) == list(range(640))
+        assert read_through_interrupts(ld) == list(range(640))
     assert hits  # the consumer did gather inline, and was interrupted there
 
 
@@ -229,6 +219,6 @@ def test_a_ctrl_c_while_the_consumer_retakes_the_lock_is_a_keyboard_interrupt(mo
             while True:
                 seen.append(next(ld)["x"].copy())
         engine.ready_cv = real
-        rest = _read_through_interrupts(ld)
+        rest = read_through_interrupts(ld)
     assert hits
     assert np.concatenate([*seen, rest]).tolist() == list(range(640))

@@ -83,7 +83,7 @@ class _StoreBackend:
         return len(self.store)
 
     def gather(self, idx: np.ndarray) -> Any:
-        return self.store.gather(idx, self._fields)[self.field]
+        return self._field_of(self.store.gather(idx, self._fields))
 
     def gather_start(self, idx: np.ndarray) -> Any:
         started = self.store.gather_start(idx, self._fields)

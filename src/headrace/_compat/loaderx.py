@@ -118,8 +118,7 @@ class _FieldPairSource(ArraySource):
         self._names = (dataset.field, labelset.field)
 
     def gather(self, ids: np.ndarray) -> dict[str, Any]:
-        got = self._store.gather(ids, self._names)
-        return {"data": got[self._names[0]], "label": got[self._names[1]]}
+        return self._renamed(self._store.gather(ids, self._names))
 
     def gather_start(self, ids: np.ndarray) -> Any:
         started = self._store.gather_start(ids, self._names)

@@ -57,8 +57,8 @@ class Then:
 
 
 def start_rows(src: np.ndarray, rows: np.ndarray, out: np.ndarray, limit: int) -> Any:
-    """Starts copying rows ``rows`` of ``src`` (2-D, C-contiguous) to ``out``; every row is
-    checked against ``[0, limit)`` first (``limit < 0``: every row of ``src``), an
+    """Starts copying rows ``rows`` of ``src`` (C-contiguous, rows along axis 0) to ``out``;
+    every row is checked against ``[0, limit)`` first (``limit < 0``: every row of ``src``), an
     ``IndexError`` if one is outside. Returns the pending copy (its ``wait()``)."""
     assert _start is not None
     return _start(src, src.strides[0], rows, out, limit)
@@ -79,5 +79,4 @@ def take_started(array: np.ndarray, ids: np.ndarray,
         ids = np.ascontiguousarray(ids, np.int64)
     if out is None:
         out = np.empty((len(ids), *array.shape[1:]), array.dtype)
-    flat = array.reshape(len(array), -1) if array.ndim != 2 else array
-    return out, _start(flat, array.strides[0], ids, out, len(array))
+    return out, _start(array, array.strides[0], ids, out, len(array))
