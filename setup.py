@@ -9,11 +9,13 @@ consumer's thread (``_store/_copylane.c``), only slower
 
 from setuptools import Extension, setup
 
+_CRC = "src/headrace/_store/_crc32c.h"  # the crc32c code both the reader's calls and the lane use
+
 setup(ext_modules=[Extension("headrace._order._cshuffle", ["src/headrace/_order/_cshuffle.c"], optional=True,
                              extra_compile_args=["-O3"]),
                    Extension("headrace._store._crcrows", ["src/headrace/_store/_crcrows.c"],
-                             optional=True, extra_compile_args=["-O3"]),
+                             depends=[_CRC], optional=True, extra_compile_args=["-O3"]),
                    Extension("headrace._store._layout", ["src/headrace/_store/_layout.c"],
                              optional=True, extra_compile_args=["-O3"]),
                    Extension("headrace._store._copylane", ["src/headrace/_store/_copylane.c"],
-                             optional=True, extra_compile_args=["-O3"])])
+                             depends=[_CRC], optional=True, extra_compile_args=["-O3"])])

@@ -124,11 +124,12 @@ def store(tmp_path: Any) -> Any:
         yield st
 
 
-def test_store_reads_start_once_every_record_was_verified(store: Any) -> None:
+def test_store_reads_start_once_a_gather_planned_them(store: Any) -> None:
     ids = np.arange(100, 164, dtype=np.int64)
-    assert store.gather_start(ids, ("x", "y")) is None  # first reads still verify records
-    store.gather(np.arange(500), ("x", "y"))
-    for idx in (ids, np.random.default_rng(3).integers(0, 500, 200)):
+    assert store.gather_start(ids, ("x", "y")) is None  # the first gather plans the reads
+    store.gather(np.arange(2), ("x", "y"))
+    # unverified records (a checked copy) first, verified ones (a plain copy) after
+    for idx in (ids, np.random.default_rng(3).integers(0, 500, 200), ids):
         got = store.gather_start(idx, ("x", "y")).wait()
         want = store.gather(idx, ("x", "y"))
         assert got.keys() == want.keys()
@@ -137,6 +138,59 @@ def test_store_reads_start_once_every_record_was_verified(store: Any) -> None:
             np.testing.assert_array_equal(got[k], want[k])
     with pytest.raises(RecordIndexError, match="record id 500 is out of range"):
         store.gather_start(np.array([3, 500]), ("x", "y"))
+
+
+def _counted(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    count = [0]
+    real = getattr(lane, name)
+
+    def counted(*a: Any) -> Any:
+        count[0] += 1
+        return real(*a)
+
+    monkeypatch.setattr(lane, name, counted)
+    return count
+
+
+def _damage_crc(path: Any, field: str, record: int) -> None:
+    """Flips a bit of ``record``'s stored crc32c: its bytes then no longer match it."""
+    with open(path / f"{field}.aux", "r+b") as f:
+        f.seek(record * 8)
+        word = f.read(1)[0]
+        f.seek(record * 8)
+        f.write(bytes([word ^ 1]))
+
+
+def test_first_reads_check_each_record_on_the_lane_then_copy_plainly(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    x = np.random.default_rng(8).integers(0, 255, (400, 300), dtype=np.uint8)
+    headrace.pack_arrays(tmp_path / "s", x=x, progress=False)
+    checked, plain = _counted(monkeypatch, "start_checked"), _counted(monkeypatch, "_start")
+    with headrace.open(tmp_path / "s") as st:
+        st.gather(np.arange(1))
+        for lo in range(0, 400, 64):  # every record checked once, on the lane
+            np.testing.assert_array_equal(st.gather_start(np.arange(lo, min(lo + 64, 400)))
+                                          .wait()["x"], x[lo:lo + 64])
+        assert checked[0] == 7 and plain[0] == 0
+        ids = np.array([399, 0, 17], np.int64)
+        np.testing.assert_array_equal(st.gather_start(ids).wait()["x"], x[ids])
+        assert checked[0] == 7 and plain[0] == 1  # all verified: plain copies from here on
+
+
+@pytest.mark.parametrize("verify", ["first", "always"])
+def test_a_damaged_record_read_on_the_lane_raises_naming_it(tmp_path: Any, verify: str) -> None:
+    x = np.random.default_rng(9).integers(0, 255, (300, 128), dtype=np.uint8)
+    headrace.pack_arrays(tmp_path / "s", x=x, y=np.arange(300), progress=False)
+    _damage_crc(tmp_path / "s", "x", 201)
+    with headrace.open(tmp_path / "s", verify=verify) as st:
+        st.gather(np.arange(3))
+        started = st.gather_start(np.array([10, 201, 11, 201]))
+        with pytest.raises(headrace.CorruptionError, match=r"'x'.*record ids \[201\]"):
+            started.wait()
+        np.testing.assert_array_equal(st.gather_start(np.array([10, 11])).wait()["x"],
+                                      x[[10, 11]])
+        with pytest.raises(headrace.CorruptionError, match=r"record ids \[201\]"):
+            st.gather_start(np.array([201])).wait()  # not marked verified by the failed read
 
 
 def test_store_with_verify_never_starts_at_once(tmp_path: Any) -> None:
@@ -208,7 +262,8 @@ class _Always(dict):
 
 def _park(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Every engine starts with its workers parked and stays so; returns the count of copies
-    the lane is given (through ``lane._start``)."""
+    the lane is given: plain ones (``lane._start``) and checked first reads
+    (``lane.start_checked``)."""
     monkeypatch.setattr(solo, "_VERDICTS", _Always())
     monkeypatch.setattr(solo, "_KEEP", 10**9)
     monkeypatch.setattr(solo, "_BUSY_SHARE", 1e9)  # never found busy elsewhere (tiny batches)
@@ -219,7 +274,14 @@ def _park(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         count[0] += 1
         return real(*a)
 
+    real_checked = lane.start_checked
+
+    def counted_checked(*a: Any) -> Any:
+        count[0] += 1
+        return real_checked(*a)
+
     monkeypatch.setattr(lane, "_start", counted)
+    monkeypatch.setattr(lane, "start_checked", counted_checked)
     return count
 
 
@@ -258,9 +320,27 @@ def test_a_parked_loader_yields_the_batches_its_workers_do(tmp_path: Any, order:
     got = _batches(headrace.Loader(str(tmp_path / "s"), batch=32, order=order, seed=5, epochs=3,
                                    threads=2))
     _same(got, want)
-    # epochs 2 and 3 at least (the first may still verify records): two fields per batch, all
-    # but the first batch of the run started ahead
-    assert copies[0] >= 2 * (2 * 32 - 1)
+    # two fields per batch, all but about one batch an epoch started ahead (the run's first
+    # gather plans the reads; first reads check their records on the lane)
+    assert copies[0] >= 2 * (3 * 32 - 3)
+
+
+def test_a_parked_first_epoch_stops_at_the_damaged_record(tmp_path: Any,
+                                                         parked: list[int]) -> None:
+    x = np.random.default_rng(10).integers(0, 255, (300, 64), dtype=np.uint8)
+    headrace.pack_arrays(tmp_path / "s", x=x, progress=False)
+    _damage_crc(tmp_path / "s", "x", 201)
+    seen = []
+    # as the workers report it: the batch, its ids, the store's error as the cause
+    with (headrace.Loader(str(tmp_path / "s"), batch=32, order="sequential", epochs=1) as loader,
+          pytest.raises(headrace.LoaderError, match=r"batch 6: field 'x', record ids \[201\]")
+          as err):
+        for batch in loader:
+            seen.append(np.array(batch["x"]))
+    assert isinstance(err.value.__cause__, headrace.CorruptionError)
+    assert len(seen) == 6  # the batches before record 201's, each as stored
+    np.testing.assert_array_equal(np.concatenate(seen), x[:192])
+    assert parked[0] >= 6  # checked on the lane
 
 
 def test_the_loaderx_loaders_over_npy_and_store_fields_start_on_the_lane(

@@ -20,6 +20,10 @@
  * then never spins on work it could do). A full queue copies in the caller. In a forked child
  * (whose copy of the thread does not exist) the parent's jobs are never copied and waits on them
  * return at once; new ones start a lane of the child's own.
+ *
+ * start_checked(src, row_bytes, rows, ids, aux, bits, out) -> Pending: the same for a first read
+ * that checks what it copies (_crcrows.take_checked's work, see _crc32c.h): wait() returns
+ * (new, bad) as take_checked does. A verifying first epoch then copies on the lane too.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -28,6 +32,8 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+
+#include "_crc32c.h"
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define RELAX() _mm_pause()
@@ -48,6 +54,12 @@ typedef struct {
     const uint8_t *src;
     const int64_t *rows;
     Py_ssize_t n, rb;
+    /* a checked copy when ids is set: checked_copy's arguments, its results into the Pending */
+    const int64_t *ids;
+    const uint32_t *want;
+    uint8_t *bm;
+    Py_ssize_t *added, *nbad;
+    int64_t *bad;
     _Atomic int *state;  /* the Pending's, which outlives its slot: a waiter that takes the job
                           * itself clears the slot's pointer (under mu) first */
 } Job;
@@ -76,6 +88,14 @@ static void copy_rows(uint8_t *dst, const uint8_t *src, const int64_t *rows, Py_
         memcpy(dst + j * rb, src + r * rb, (size_t)(k * rb));
         j += k;
     }
+}
+
+static void run_job(const Job *job) {
+    if (job->ids != NULL)
+        checked_copy(job->dst, job->src, job->rows, job->ids, job->n, job->rb, job->bm, job->want,
+                     job->added, job->bad, job->nbad);
+    else
+        copy_rows(job->dst, job->src, job->rows, job->n, job->rb);
 }
 
 static void finish(_Atomic int *state) {
@@ -121,7 +141,7 @@ static void *lane(void *arg) {
         }
         pthread_mutex_unlock(&mu);
         if (!got) continue;
-        copy_rows(job.dst, job.src, job.rows, job.n, job.rb);
+        run_job(&job);
         finish(job.state);
     }
     return NULL;
@@ -159,7 +179,7 @@ static void wait_job(_Atomic int *state, const Job *job) {
         pthread_mutex_unlock(&mu);
     }
     if (mine) {
-        copy_rows(job->dst, job->src, job->rows, job->n, job->rb);
+        run_job(job);
         atomic_store(state, COPIED);
         return;
     }
@@ -185,8 +205,12 @@ typedef struct {
     _Atomic int state;  /* COPIED once done (also when copied in the caller) */
     uint64_t generation;
     int held;           /* the buffers are still exported */
+    int checked;        /* start_checked's: ids and aux (and bits, when has_bits) held too */
+    int has_bits;
     Job job;
-    Py_buffer src, rows, out;
+    Py_buffer src, rows, out, ids, aux, bits;
+    Py_ssize_t added, nbad;  /* a checked copy's results, once done */
+    int64_t *bad;
 } Pending;
 
 static void release(Pending *p) {
@@ -201,13 +225,20 @@ static void release(Pending *p) {
         PyBuffer_Release(&p->src);
         PyBuffer_Release(&p->rows);
         PyBuffer_Release(&p->out);
+        if (p->checked) {
+            PyBuffer_Release(&p->ids);
+            PyBuffer_Release(&p->aux);
+            if (p->has_bits) PyBuffer_Release(&p->bits);
+        }
     }
 }
 
 static PyObject *pending_wait(Pending *p, PyObject *unused) {
     (void)unused;
     release(p);
-    Py_RETURN_NONE;
+    if (!p->checked) Py_RETURN_NONE;
+    return Py_BuildValue("ny#", p->added, (const char *)p->bad,
+                         p->nbad * (Py_ssize_t)sizeof(int64_t));
 }
 
 static PyObject *pending_done(Pending *p, void *unused) {
@@ -217,12 +248,14 @@ static PyObject *pending_done(Pending *p, void *unused) {
 
 static void pending_dealloc(Pending *p) {
     release(p);
+    PyMem_Free(p->bad);
     Py_TYPE(p)->tp_free((PyObject *)p);
 }
 
 static PyMethodDef pending_methods[] = {
     {"wait", (PyCFunction)pending_wait, METH_NOARGS,
-     "wait()\n--\n\nReturns once the rows are in out (the GIL released meanwhile)."},
+     "wait()\n--\n\nReturns once the rows are in out (the GIL released meanwhile); a checked "
+     "copy's (new, bad)."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef pending_getset[] = {
@@ -253,13 +286,31 @@ static int ensure_lane(void) {  /* under mu */
     return 0;
 }
 
+static Pending *new_pending(void);
+
+/* Queues p's job (built and checked by the caller); with the queue full, or no thread, the
+ * caller copies it now. */
+static PyObject *queue_job(Pending *p) {
+    pthread_mutex_lock(&mu);
+    if (tail - head >= QUEUE || ensure_lane() < 0) {
+        pthread_mutex_unlock(&mu);
+        Py_BEGIN_ALLOW_THREADS
+        run_job(&p->job);
+        Py_END_ALLOW_THREADS
+        return (PyObject *)p;  /* done already: wait() only releases the buffers */
+    }
+    atomic_store(&p->state, QUEUED);
+    queue[tail % QUEUE] = p->job;
+    tail++;
+    if (sleeping) pthread_cond_signal(&work_cv);
+    pthread_mutex_unlock(&mu);
+    return (PyObject *)p;
+}
+
 static PyObject *start(PyObject *self, PyObject *args) {
     (void)self;
-    Pending *p = PyObject_New(Pending, &PendingType);
+    Pending *p = new_pending();
     if (p == NULL) return NULL;
-    atomic_store(&p->state, COPIED);  /* nothing to wait for until queued */
-    p->generation = generation;
-    p->held = 0;
     Py_ssize_t rb, limit;
     if (!PyArg_ParseTuple(args, "y*ny*w*n", &p->src, &rb, &p->rows, &p->out, &limit)) {
         Py_DECREF(p);
@@ -286,21 +337,54 @@ static PyObject *start(PyObject *self, PyObject *args) {
             goto fail;
         }
     }
-    p->job = (Job){(uint8_t *)p->out.buf, (const uint8_t *)p->src.buf, rows, n, rb, &p->state};
-    pthread_mutex_lock(&mu);
-    if (tail - head >= QUEUE || ensure_lane() < 0) {
-        pthread_mutex_unlock(&mu);
-        Py_BEGIN_ALLOW_THREADS
-        copy_rows(p->job.dst, p->job.src, rows, n, rb);
-        Py_END_ALLOW_THREADS
-        return (PyObject *)p;  /* done already: wait() only releases the buffers */
+    p->job = (Job){(uint8_t *)p->out.buf, (const uint8_t *)p->src.buf, rows, n, rb, NULL, NULL,
+                   NULL, NULL, NULL, NULL, &p->state};
+    return queue_job(p);
+fail:
+    Py_DECREF(p);
+    return NULL;
+}
+
+static Pending *new_pending(void) {
+    Pending *p = PyObject_New(Pending, &PendingType);
+    if (p == NULL) return NULL;
+    atomic_store(&p->state, COPIED);  /* nothing to wait for until queued */
+    p->generation = generation;
+    p->held = p->checked = p->has_bits = 0;
+    p->added = p->nbad = 0;
+    p->bad = NULL;
+    return p;
+}
+
+static PyObject *start_checked(PyObject *self, PyObject *args) {
+    (void)self;
+    Pending *p = new_pending();
+    if (p == NULL) return NULL;
+    Py_ssize_t rb, n;
+    PyObject *bits_obj;
+    if (!PyArg_ParseTuple(args, "y*ny*y*y*Ow*", &p->src, &rb, &p->rows, &p->ids, &p->aux,
+                          &bits_obj, &p->out)) {
+        Py_DECREF(p);
+        return NULL;
     }
-    atomic_store(&p->state, QUEUED);
-    queue[tail % QUEUE] = p->job;
-    tail++;
-    if (sleeping) pthread_cond_signal(&work_cv);
-    pthread_mutex_unlock(&mu);
-    return (PyObject *)p;
+    p->held = p->checked = 1;
+    if (bits_obj != Py_None) {
+        if (PyObject_GetBuffer(bits_obj, &p->bits, PyBUF_WRITABLE) < 0) goto fail;
+        p->has_bits = 1;
+    }
+    if (checked_args(&p->src, rb, &p->rows, &p->ids, &p->aux, p->has_bits ? &p->bits : NULL,
+                     &p->out, &n) < 0)
+        goto fail;
+    p->bad = (int64_t *)PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    if (p->bad == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    p->job = (Job){(uint8_t *)p->out.buf, (const uint8_t *)p->src.buf,
+                   (const int64_t *)p->rows.buf, n, rb, (const int64_t *)p->ids.buf,
+                   (const uint32_t *)p->aux.buf, p->has_bits ? (uint8_t *)p->bits.buf : NULL,
+                   &p->added, &p->nbad, p->bad, &p->state};
+    return queue_job(p);
 fail:
     Py_DECREF(p);
     return NULL;
@@ -310,12 +394,16 @@ static PyMethodDef methods[] = {
     {"start", start, METH_VARARGS,
      "start(src, row_bytes, rows, out, limit) -> Pending: copies rows rows[j] of src to row j "
      "of out on the lane thread (limit < 0: every row of src is valid)."},
+    {"start_checked", start_checked, METH_VARARGS,
+     "start_checked(src, row_bytes, rows, ids, aux, bits, out) -> Pending: take_checked's copy "
+     "and check on the lane thread; wait() returns its (new, bad)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_copylane", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__copylane(void) {
     if (PyType_Ready(&PendingType) < 0) return NULL;
+    crc_init();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     pthread_atfork(NULL, NULL, after_fork_child);

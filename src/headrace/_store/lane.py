@@ -3,8 +3,9 @@
 A parked loader's consumer gathers each batch itself; a gather that is a plain copy (a store's
 verified fixed-shape raw fields, a ``.npy`` mapping, an in-memory array) can instead be started
 on the lane (``_copylane.c``) one batch ahead, so the copy runs while the consumer does the
-previous batch's bookkeeping and its training step. ``take_started`` starts one array's rows;
-``Started`` is a read in progress whose ``wait()`` gives what the gather would have returned.
+previous batch's bookkeeping and its training step; a store's first reads, which check each
+record's crc32c as they copy it, start the same way (``start_checked``). ``take_started`` starts
+one array's rows; ``Started`` is a read in progress whose ``wait()`` gives what the gather would have returned.
 Without the C accelerator nothing starts (``available()`` is False) and callers gather.
 """
 
@@ -15,11 +16,13 @@ from typing import Any
 import numpy as np
 
 try:
+    # start_checked: a first read's copy and crc32c check (``_crcrows.take_checked``'s contract)
     from headrace._store._copylane import start as _start
+    from headrace._store._copylane import start_checked
 except ImportError:  # not built: every read is a plain gather
-    _start = None
+    _start = start_checked = None
 
-__all__ = ["Started", "Then", "available", "start_rows", "take_started"]
+__all__ = ["Started", "Then", "available", "start_checked", "start_rows", "take_started"]
 
 
 def available() -> bool:

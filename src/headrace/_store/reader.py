@@ -191,6 +191,27 @@ class _CheckedPlan(NamedTuple):
     fields: tuple[tuple[str, MappedField, np.ndarray, np.ndarray, Any, Any, Layout], ...]
 
 
+class _CheckedRead:
+    """A checked read in progress on the copy lane (``Store.gather_start`` before every record
+    was verified): ``wait()`` gives what ``gather`` would have, or raises what it would have."""
+
+    __slots__ = ("_idx", "_key", "_outs", "_pending", "_plan", "_reader", "_st")
+
+    def __init__(self, reader: Store, st: Snapshot, plan: _CheckedPlan, key: Any,
+                 idx: np.ndarray, outs: list[np.ndarray], pending: list[Any]) -> None:
+        self._reader, self._st, self._plan, self._key = reader, st, plan, key
+        self._idx, self._outs, self._pending = idx, outs, pending
+
+    def wait(self) -> dict[str, np.ndarray | Ragged]:
+        results = [p.wait() for p in self._pending]  # every copy done before anything raises
+        reader, st = self._reader, self._st
+        out = {field[0]: reader._settle_checked(st, field, self._idx, got, new, bad)
+               for field, got, (new, bad) in zip(self._plan.fields, self._outs, results, strict=True)}
+        if reader.verify != "always":
+            reader._plan_steady(st, self._key, self._plan.names)
+        return out
+
+
 class Store:
     """A read-only view of a store's last commit (at open or at the last ``refresh()``).
 
@@ -389,13 +410,16 @@ class Store:
         return out
 
     def gather_start(self, indices: Sequence[int] | np.ndarray,
-                     fields: str | Iterable[str] | None = None) -> lane.Started | None:
+                     fields: str | Iterable[str] | None = None
+                     ) -> lane.Started | _CheckedRead | None:
         """Starts ``gather(indices, fields)`` on the copy lane (a native thread that copies while
         the caller runs Python) and returns at once; ``wait()`` on the result gives the records.
 
-        Only reads that are copies take the lane: fixed-shape raw fields once every record of
-        them was verified (``verify="first"``, from the second epoch on; ``"never"``: at once).
-        Otherwise, or where the lane was not built, returns None: call ``gather``.
+        Reads that are copies take the lane: fixed-shape raw fields, verified or not (a first
+        read checks each record's crc32c as the lane copies it, as ``gather`` does; an error
+        then raises from ``wait()``), once a ``gather`` of the same fields planned them (the
+        store's first read of them). Otherwise, or where the lane was not built, returns None:
+        call ``gather``.
 
         Raises:
             RecordIndexError: an id outside ``[0, N)`` (nothing is started).
@@ -407,7 +431,10 @@ class Store:
             fields = tuple(fields)
         plan = self._plans.get(fields)
         if plan is None or plan.snapshot is not st:
-            return None
+            checked = self._checked.get(fields)
+            if checked is None or checked.snapshot is not st or lane.start_checked is None:
+                return None
+            return self._checked_start(st, checked, fields, indices)
         n = st.meta.length
         idx = (indices if type(indices) is np.ndarray and indices.dtype == _INT64
                and indices.ndim == 1 else record_ids(indices, n))
@@ -451,24 +478,46 @@ class Store:
         """Records ``idx`` (checked ids) of the plan's fields, each record's crc32c checked on
         this read (``"always"``) or on its first (``"first"``)."""
         assert take_checked is not None
-        ver = st.verified
-        first = self.verify == "first"
+        bits = st.verified.bits if self.verify == "first" else None
         idx = np.ascontiguousarray(idx)
-        n = len(idx)
         out: dict[str, np.ndarray | Ragged] = {}
-        for name, f, vrows, flat, rows, view, layout in plan.fields:
-            got = self._recycler.empty((n, f.rec), vrows.dtype)
+        for field in plan.fields:
+            name, f, vrows, flat, rows, _view, _layout = field
+            got = self._recycler.empty((len(idx), f.rec), vrows.dtype)
             new, bad = take_checked(flat, f.rec, idx if rows is None else rows(idx), idx, f.aux_u4,
-                                    ver.bits[name] if first else None, got)
-            if bad:
-                raise corrupt(f.spec, idx[np.frombuffer(bad, np.int64)],
-                              "stored bytes do not match their crc32c")
-            if first:
-                ver.add(name, new)
-                if ver.count[name] < ver.n and ver.read(name, n):
-                    self._check_spans(st, f, idx, vrows, layout)
-            out[name] = got if view is None else view(got)
+                                    None if bits is None else bits[name], got)
+            out[name] = self._settle_checked(st, field, idx, got, new, bad)
         return out
+
+    def _checked_start(self, st: Snapshot, plan: _CheckedPlan, key: Any,
+                       indices: Sequence[int] | np.ndarray) -> _CheckedRead:
+        """``_gather_checked`` started on the copy lane (``gather_start``)."""
+        assert lane.start_checked is not None
+        idx = np.ascontiguousarray(record_ids(indices, st.meta.length))
+        bits = st.verified.bits if self.verify == "first" else None
+        outs, pending = [], []
+        for name, f, vrows, flat, rows, _view, _layout in plan.fields:
+            got = self._recycler.empty((len(idx), f.rec), vrows.dtype)
+            pending.append(lane.start_checked(flat, f.rec, idx if rows is None else rows(idx), idx,
+                                         f.aux_u4, None if bits is None else bits[name], got))
+            outs.append(got)
+        return _CheckedRead(self, st, plan, key, idx, outs, pending)
+
+    def _settle_checked(self, st: Snapshot, field: tuple[Any, ...], idx: np.ndarray,
+                        got: np.ndarray, new: int, bad: bytes) -> np.ndarray | Ragged:
+        """One field's checked read, copied into ``got``: raises for the records whose crc32c
+        did not match (``bad``: their positions), counts the ``new`` ones verified, and verifies
+        the rest in spans once the reads have covered the field."""
+        name, f, vrows, _flat, _rows, view, layout = field
+        if bad:
+            raise corrupt(f.spec, idx[np.frombuffer(bad, np.int64)],
+                          "stored bytes do not match their crc32c")
+        if self.verify == "first":
+            ver = st.verified
+            ver.add(name, new)
+            if ver.count[name] < ver.n and ver.read(name, len(idx)):
+                self._check_spans(st, f, idx, vrows, layout)
+        return got if view is None else view(got)
 
     def _take(self, vrows: np.ndarray, rows: np.ndarray, run: int | None = None) -> np.ndarray:
         """``vrows[rows]`` into a recycled array when one is free. ``"clip"`` never clips (the
