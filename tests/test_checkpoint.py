@@ -174,6 +174,27 @@ def test_resume_refused_on_new_store_generation(tmp_path):
         headrace.load(path, batch=4, shuffle=True, seed=1, resume=token)
 
 
+def test_a_store_is_fingerprinted_only_when_a_token_is_asked_for(tmp_path, monkeypatch):
+    # hashing every aux entry costs milliseconds a million records: a loader that never
+    # checkpoints does not pay it, one that does gets the same token as before
+    from headrace._sources import base
+
+    path = tmp_path / "s"
+    headrace.pack_arrays(path, v=np.arange(40), progress=False)
+    calls = []
+    real = base.store_fingerprint
+    monkeypatch.setattr(base, "store_fingerprint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with headrace.load(path, batch=4, shuffle=True, seed=1) as ld:
+        first = [next(ld)["v"].tolist() for _ in range(3)]
+        assert not calls
+        token = ld.checkpoint()
+        assert ld.checkpoint(at=1) and len(calls) == 1  # hashed once
+        rest = [b["v"].tolist() for b in ld]
+    with headrace.load(path, batch=4, shuffle=True, seed=1, resume=token) as ld:
+        assert [b["v"].tolist() for b in ld] == rest
+    assert sorted(v for b in first + rest for v in b) == list(range(40))
+
+
 def test_token_at_the_end_resumes_exhausted():
     with headrace.Loader(COLS, batch=8, threads=1) as ld:
         take(ld, None)

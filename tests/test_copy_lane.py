@@ -231,10 +231,10 @@ def test_shared_and_field_pair_sources_say_when_first_reads_still_verify(
     pair = _source(headrace.Dataset(str(tmp_path / "s"), "x"),
                    headrace.Dataset(str(tmp_path / "s"), "y"))
     assert type(pair).__name__ == "_FieldPairSource"
-    assert not shared.work_state() and not pair.work_state()
+    assert not shared.work_state()[-1] and not pair.work_state()[-1]
     assert shared.gather_start(np.arange(10)) is None  # verifying: no plain copy yet
     shared.gather(np.arange(300))
-    assert shared.work_state() and pair.work_state()
+    assert shared.work_state()[-1] and pair.work_state()[-1]
     got = pair.gather_start(np.array([7, 3])).wait()
     np.testing.assert_array_equal(got["data"], [7, 3])
     np.testing.assert_array_equal(got["label"], np.array([7, 3], np.float32))

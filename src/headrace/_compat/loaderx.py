@@ -127,8 +127,8 @@ class _FieldPairSource(ArraySource):
     def _renamed(self, got: dict[str, Any]) -> dict[str, Any]:
         return {"data": got[self._names[0]], "label": got[self._names[1]]}
 
-    def work_state(self) -> bool:
-        return bool(self._store.checked_all(self._names))
+    def work_state(self) -> tuple[str, bool]:
+        return self.fingerprint, bool(self._store.checked_all(self._names))
 
 
 def _source(dataset: Any, labelset: Any) -> ArraySource:

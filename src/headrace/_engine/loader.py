@@ -64,7 +64,7 @@ from headrace._order.byte_plan import BytePlan
 from headrace._order.make import make_order
 from headrace._order.order import Mode, Order
 from headrace._order.plan import BatchPlan, Step
-from headrace._sources.base import Source, payload_nbytes, record_sizes
+from headrace._sources.base import Source, is_source, payload_nbytes, record_sizes
 from headrace._sources.shared_store import open_data
 
 __all__ = ["Loader"]
@@ -934,7 +934,7 @@ class Loader:
         self._cfg = resolve_config(profile=profile, inflight=inflight, ram_gb=ram_gb,
                                    queue=queue, prefetch=prefetch, threads=threads,
                                    constraints=constraints, runtime=runtime)
-        opened = not isinstance(source, Source)
+        opened = not is_source(source)
         self.source: Source = open_data(source) if opened else source
         self._owns_source = opened if close_source is None else close_source
         try:
@@ -1041,11 +1041,11 @@ class Loader:
 
     def _work_key(self) -> Any:
         """What names this loader's work for the solo probe's verdicts (``_engine.solo``): the
-        data (and whether its reads still verify records), the batch, the threads, the
-        transform object and whether it is tuned."""
+        data (its ``work_state``, which may say whether its reads still verify records, or its
+        fingerprint), the batch, the threads, the transform object and whether it is tuned."""
         state = getattr(self.source, "work_state", None)  # optional (``Source``)
-        return (type(self.source).__qualname__, self.source.fingerprint,
-                state() if callable(state) else None, self.batch_size,
+        return (type(self.source).__qualname__,
+                state() if callable(state) else self.source.fingerprint, self.batch_size,
                 self._cfg.threads, id(self._transform) if self._transform is not None else None,
                 self._tuner is not None)
 
@@ -1326,12 +1326,17 @@ class Loader:
     def _token_mark(self) -> tuple[Callable[[int, int], bytes], int, int]:
         """``(encode, position, epoch)``: ``encode(position, epoch)`` is ``checkpoint()`` now.
         Each ``next()`` keeps one (``history.tracked``) and encodes it only if asked."""
+        pos, n = self._position, self.length
+        return self._encode_token, pos, pos // n if n else self._first_epoch
+
+    def _encode_token(self, position: int, epoch: int) -> bytes:
+        """The token at ``position``. The source's fingerprint is read here, when a token is
+        asked for, not at every ``next()``: a store's is hashed on first use."""
         fp = self.source.fingerprint
         ck = self._ckpt
         if ck is None or ck[0] != fp:  # serialize the constant part once
             ck = self._ckpt = (fp, _checkpoint.encoder(self._state(self._position)))
-        pos, n = self._position, self.length
-        return ck[1], pos, pos // n if n else self._first_epoch
+        return ck[1](position, epoch)
 
     @property
     def delivered(self) -> int:

@@ -133,10 +133,10 @@ class DistributedDataLoader(InnerState, TimelineMixin):
         tune = _one("tune", loader_kwargs.pop("tune", None), "autotune", autotune)
         self.launch: Launch = detect(rank=rank, world_size=world_size, local_rank=local_rank)
         from headrace._engine.loader import Loader
-        from headrace._sources.base import Source
+        from headrace._sources.base import is_source
         from headrace._sources.shared_store import open_data
 
-        owned = not isinstance(data, Source)
+        owned = not is_source(data)
         source = open_data(data) if owned else data
         try:
             if seed is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import json
 import os
 import threading
@@ -24,16 +25,18 @@ from headrace._store import lane
 from headrace._store.fingerprint import store_fingerprint
 from headrace._store.format import looks_like_store
 
-__all__ = ["ArraySource", "Source", "StoreSource", "open_source", "record_sizes", "register_source"]
+__all__ = ["ArraySource", "Source", "StoreSource", "is_source", "open_source", "record_sizes",
+           "register_source"]
 
 
 @runtime_checkable
 class Source(Protocol):
     """Records ``0..N-1`` a loader can gather from. ``gather`` must be thread-safe.
 
-    Optional: ``work_state()``, a hashable that changes when gathers start costing differently
-    (``StoreSource``: whether first reads still verify records); the loader's solo probe keeps
-    its verdicts per state (``_engine.solo``). ``gather_start(ids)``: starts the same gather on
+    Optional: ``work_state()``, a hashable naming the data and how its gathers cost now, cheaper
+    to get than the fingerprint (``StoreSource``: the store's path, generation, commit and length,
+    and whether first reads still verify records); the loader's solo probe keeps its verdicts per
+    state (``_engine.solo``), per fingerprint for a source without one. ``gather_start(ids)``: starts the same gather on
     the copy lane (``_store.lane``) and returns at once, an object whose ``wait()`` returns the
     batch, or None when this gather is not a plain copy (the loader then calls ``gather``); a
     parked consumer starts the next batch that way before it hands over the current one.
@@ -60,6 +63,15 @@ class Source(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+_SOURCE_MEMBERS = ("__len__", "fingerprint", "nbytes", "gather", "close")
+
+
+def is_source(obj: Any) -> bool:
+    """``isinstance(obj, Source)`` without reading the attributes: Python 3.11's protocol check
+    evaluates properties, and a store source's ``fingerprint`` is hashed on first use."""
+    return all(inspect.getattr_static(obj, name, None) is not None for name in _SOURCE_MEMBERS)
 
 
 CanOpen = Callable[[Any], bool]
@@ -166,7 +178,10 @@ class StoreSource:
         self.fields = tuple(names)  # a tuple: the store's steady-state plan is keyed by it
         self._ragged = sum(1 for f in names if store.fields[f].shape is None)
         self._owned = owned
-        self._fingerprint = store_fingerprint(store)
+        # hashed on first use (a checkpoint, the ranks' agreement): every aux entry, about 2 ms
+        # a million records, which a loader that never checkpoints need not pay at its start
+        self._fingerprint: str | None = None
+        self._length = len(store)
         # Every field fixed-shape: a batch's bytes are n * row bytes (no per-batch index reads;
         # gather still checks the ids).
         self._row_bytes = (int(store.nbytes(np.zeros(1, np.int64), names))
@@ -177,7 +192,10 @@ class StoreSource:
 
     @property
     def fingerprint(self) -> str:
-        return self._fingerprint
+        fp = self._fingerprint
+        if fp is None:  # two threads asking at once compute the same value
+            fp = self._fingerprint = store_fingerprint(self.store, length=self._length)
+        return fp
 
     def nbytes(self, ids: np.ndarray) -> int:
         if self._row_bytes is not None:
@@ -204,10 +222,14 @@ class StoreSource:
     def gather_start(self, ids: np.ndarray) -> Any:
         return self.store.gather_start(ids, self.fields)
 
-    def work_state(self) -> bool:
-        """Whether first reads still check records (a verifying epoch is other work than a
-        steady one, for the solo probe's verdicts)."""
-        return bool(self.store.checked_all(self.fields))
+    def work_state(self) -> tuple[Any, ...]:
+        """The store's identity (path, generation, commit, length), the fields, and whether
+        first reads still check records (a verifying epoch is other work than a steady one, for
+        the solo probe's verdicts)."""
+        st = self.store
+        meta = st.meta
+        return (st.path, meta.generation, meta.commit, meta.length, self.fields,
+                bool(st.checked_all(self.fields)))
 
     def close(self) -> None:
         if self._owned:

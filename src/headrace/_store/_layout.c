@@ -34,23 +34,32 @@ static Py_ssize_t run_scan(const uint32_t *ent, const uint32_t *aux, Py_ssize_t 
                            const int64_t *ids, Py_ssize_t nids, Py_ssize_t nchunks,
                            const int64_t *vstart, Py_ssize_t nslots, const int64_t *limits,
                            Py_ssize_t nlimits, int64_t nvrows, int64_t *starts, int64_t *shifts) {
-    int64_t prev_row = -1, prev_shift = 0, last_cid = -1;
+    int64_t prev_row = -1, prev_shift = 0, last_cid = -1, prev_off = -1;
     Py_ssize_t runs = 0, slot = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         const uint32_t *e = ent + 4 * i;
         if ((int64_t)e[3] != rec || (int64_t)aux[2 * i + 1] != rec) return -1;
-        int64_t off = (int64_t)((uint64_t)e[1] | ((uint64_t)e[2] << 32));
-        if ((int64_t)e[0] != last_cid) {
-            last_cid = (int64_t)e[0];
-            slot = slot_of(last_cid, ids, nids, nchunks);
+        int64_t off = (int64_t)((uint64_t)e[1] | ((uint64_t)e[2] << 32)), row;
+        if ((int64_t)e[0] == last_cid && off == prev_off + rec) {
+            /* the record after the last one in the same chunk (appends lay most out so): aligned
+             * and one row on, as the last one checked; no 64-bit division (tens of cycles) */
+            if (off + rec > limits[slot]) return -1;
+            row = prev_row + 1;
+        } else {
+            if ((int64_t)e[0] != last_cid) {
+                last_cid = (int64_t)e[0];
+                slot = slot_of(last_cid, ids, nids, nchunks);
+            }
+            if (off % rec != 0 || slot >= nslots || slot >= nlimits || off + rec > limits[slot])
+                return -1;
+            int64_t start = vstart[slot];
+            if (start < 0) return -1;
+            row = start + off / rec;
+            if (row <= prev_row) return -1;
         }
-        if (off % rec != 0 || slot >= nslots || slot >= nlimits || off + rec > limits[slot])
-            return -1;
-        int64_t start = vstart[slot];
-        if (start < 0) return -1;
-        int64_t row = start + off / rec;
-        if (row <= prev_row || row >= nvrows) return -1;
+        if (row >= nvrows) return -1;
         prev_row = row;
+        prev_off = off;
         int64_t shift = row - (int64_t)i;
         if (runs == 0 || shift != prev_shift) {
             starts[runs] = i;
