@@ -46,7 +46,11 @@ from the one being timed) says what a peer really allocated.
 
 ``first vs ceiling's first`` compares the first epochs (each peer's process is fresh, its modules
 imported before the timer, its data opened inside it; headrace verifies every record's crc32c on
-its first read, the ceilings verify nothing).
+its first read, the ceilings verify nothing). A first epoch is one sample of a few tens of
+milliseconds, so ``--firsts`` (default 3) fresh processes per peer each time one: the main run's,
+then rounds of new processes taking turns as the main rounds do, the page cache as the main run
+left it (``--warm own``: dropped again before each round). The columns show the medians: of the
+first epochs, and of the per-round ratios.
 
 Also measured: the sampler's share of headrace's wall time per batch: one epoch of the shuffle
 ``Order`` evaluated from a fresh order, so the epoch's network build is inside the timer.
@@ -545,6 +549,8 @@ def main() -> None:
     parser.add_argument("--peers", default=",".join(PEERS),
                         help=f"comma-separated subset of {','.join(PEERS)}")
     parser.add_argument("--warm", choices=("own", "read"), default="own", help=WARM_HELP)
+    parser.add_argument("--firsts", type=int, default=3,
+                        help="first epochs per peer, each in a fresh process (median shown)")
     parser.add_argument("--peer", help=argparse.SUPPRESS)  # internal: serve one peer
     args = parser.parse_args()
 
@@ -561,7 +567,8 @@ def main() -> None:
     print(f"data: {args.rows:,} x {ROW_BYTES:,} B uint8 + int64 labels in {root} "
           f"(ready in {time.perf_counter() - t0:.1f} s, page cache dropped, then warmed "
           f"by --warm {args.warm}); batch {BATCH}, "
-          f"shuffled, {args.rounds} rounds of one epoch per peer, {os.cpu_count()} CPUs, "
+          f"shuffled, {args.rounds} rounds of one epoch per peer, first epochs from "
+          f"{args.firsts} fresh processes each, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f} at start")
     peers = [Peer(name, args.rows) for name in names]
     # Round-robin epochs: on a shared machine, load changes hit every peer alike, and each ratio
@@ -571,6 +578,15 @@ def main() -> None:
             peer.epoch()
     for peer in peers:
         peer.finish()
+    firsts = {p.name: [p.seconds[0]] for p in peers}
+    for _ in range(args.firsts - 1):
+        if args.warm == "own":
+            drop_page_cache([root])
+        fresh = [Peer(name, args.rows) for name in names]
+        for peer in fresh:
+            firsts[peer.name].append(peer.epoch())
+        for peer in fresh:
+            peer.finish()
 
     def steady(peer: Peer) -> list[float]:
         return peer.seconds[1:] or peer.seconds
@@ -589,10 +605,12 @@ def main() -> None:
         if ceiling is not None:
             ratios = [c / s for c, s in zip(steady(ceiling), steady(peer), strict=True)]
             ratio = f"{np.median(ratios):.2f}x"
-            first_ratio = f"{ceiling.seconds[0] / peer.seconds[0]:.2f}x"
+            first_ratios = [c / s for c, s in zip(firsts[ceiling.name], firsts[peer.name],
+                                                  strict=True)]
+            first_ratio = f"{np.median(first_ratios):.2f}x"
             cpu_ratio = f"{cpu / float(np.median(ceiling.cpu_s[1:] or ceiling.cpu_s)):.2f}x"
         print(f"| {peer.name} | {ceiling.name if ceiling else '-'} | {rate:,.0f} | {ratio} | "
-              f"{args.rows / peer.seconds[0]:,.0f} | {first_ratio} | "
+              f"{args.rows / float(np.median(firsts[peer.name])):,.0f} | {first_ratio} | "
               f"{cpu / batches * 1e6:,.0f} | {cpu_ratio} | {peer.final['peak_rss_mb']:,.0f} | "
               f"{peer.final['anon_mb']:,.0f} |")
     jx, plain = by_name.get("headrace-jax"), by_name.get("ceiling")

@@ -415,8 +415,7 @@ def _can_open_arrays(data: Any) -> bool:
 
 
 def _is_source(data: Any) -> bool:
-    return not isinstance(data, np.ndarray | Mapping | str | os.PathLike) and isinstance(
-        data, Source)
+    return not isinstance(data, np.ndarray | Mapping | str | os.PathLike) and is_source(data)
 
 
 def _pass_through(data: Any, **options: Any) -> Source:
