@@ -195,6 +195,30 @@ def test_a_store_is_fingerprinted_only_when_a_token_is_asked_for(tmp_path, monke
     assert sorted(v for b in first + rest for v in b) == list(range(40))
 
 
+@pytest.mark.parametrize("kind", ["loader", "dataloader"])
+def test_a_dropped_loader_is_freed_at_once_not_by_the_garbage_collector(kind):
+    # each next() keeps a token mark in the loader's log; a mark holding the loader itself
+    # would make a cycle, and an abandoned loader's threads would run until a collection
+    import gc
+    import weakref
+
+    if kind == "loader":
+        ld = headrace.Loader(COLS, batch=8, threads=2)
+    else:
+        ld = headrace.DataLoader(COLS["x"], COLS["y"], num_workers=2, batch_size=8)
+    next(ld)
+    next(ld)
+    token = ld.checkpoint(at=1)
+    ref = weakref.ref(ld)
+    gc.disable()
+    try:
+        del ld
+        assert ref() is None
+    finally:
+        gc.enable()
+    assert token
+
+
 def test_token_at_the_end_resumes_exhausted():
     with headrace.Loader(COLS, batch=8, threads=1) as ld:
         take(ld, None)

@@ -72,9 +72,9 @@ def test_a_source_with_a_copy_lane_gets_a_trial_even_when_workers_keep_ahead():
     # gathers (none here: the workers keep ahead) do not predict that, so it is timed anyway
     def drive(probe: SoloProbe) -> list[bool]:
         asked = []
-        for i in range(3 + solo._TIMED + 2):
-            probe.enter(i * 1e-4)
-            got = probe.leave(i * 1e-4 + 9.5e-5, 0.0, 0)
+        for i in range(3 + solo._TIMED + 2):  # a batch each 400 us: not short enough to try
+            probe.enter(i * 4e-4)
+            got = probe.leave(i * 4e-4 + 3.9e-4, 0.0, 0)
             if got is not None:
                 asked.append(got)
         return asked
@@ -110,7 +110,7 @@ def test_gathers_slower_than_the_delivery_rate_get_no_trial():
     # the consumer's own gathers take longer than the workers deliver a batch (expensive gathers
     # that the threads split well): the consumer alone cannot be faster, and is never tried
     probe = SoloProbe(settle=3)
-    assert _drive(probe, 5000, solo_s=200e-6, workers_s=90e-6) == []
+    assert _drive(probe, 5000, solo_s=600e-6, workers_s=300e-6) == []
 
 
 def test_a_consumer_with_work_of_its_own_keeps_the_workers():
@@ -138,8 +138,22 @@ def test_too_few_own_gathers_to_tell_get_no_trial():
     now = 0.0
     for _ in range(3000):
         probe.enter(now)
-        now += 90e-6
+        now += 300e-6
         assert probe.leave(now, 0.0, 0) is None
+
+
+def test_batches_that_come_as_often_as_hand_offs_cost_get_a_trial_anyway():
+    # a batch every 90 us is about what moving it between threads costs: the consumer may be
+    # faster alone though it gathered none itself (big windows leave it none), so it is tried
+    probe = SoloProbe(settle=3)
+    now, asked = 0.0, []
+    for _ in range(3 + solo._TIMED + 2):
+        probe.enter(now)
+        now += 90e-6
+        got = probe.leave(now, 0.0, 0)
+        if got is not None:
+            asked.append(got)
+    assert asked == [True]
 
 
 def test_a_refused_inline_gather_runs_the_workers_and_times_afresh():

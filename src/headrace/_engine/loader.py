@@ -794,6 +794,21 @@ def _refuse_empty(given: Any, source: Source) -> None:
     raise ConfigError(f"{what} holds no records: there is nothing to load; check the path, or "
                       "pack the data before loading it")
 
+
+def _token_encoder(loader: Loader) -> Callable[[int, int], bytes]:
+    """``loader._encode_token`` through a weak reference: the marks each ``next()`` keeps in the
+    loader's token log hold this, and a bound method there would tie the loader to itself in a
+    cycle only the garbage collector breaks, keeping an abandoned loader's threads running."""
+    ref = weakref.ref(loader)
+
+    def encode(position: int, epoch: int) -> bytes:
+        alive = ref()
+        if alive is None:  # tokens are asked for through their loader, so it is alive
+            raise LoaderError("this loader is gone: take tokens from a loader still referenced")
+        return alive._encode_token(position, epoch)
+
+    return encode
+
 class Loader:
     """Deterministic, threaded batches from a source, under hard memory caps.
 
@@ -891,6 +906,7 @@ class Loader:
         self._engine: _Engine | None = None
         self._closed = False
         self._ckpt: tuple[str, Callable[[int, int], bytes]] | None = None
+        self._encode = _token_encoder(self)
         self._timeline: Recorder | None = None
         self._tuner: Tuner | None = None
         self._tune = check_tune(tune)
@@ -1327,7 +1343,7 @@ class Loader:
         """``(encode, position, epoch)``: ``encode(position, epoch)`` is ``checkpoint()`` now.
         Each ``next()`` keeps one (``history.tracked``) and encodes it only if asked."""
         pos, n = self._position, self.length
-        return self._encode_token, pos, pos // n if n else self._first_epoch
+        return self._encode, pos, pos // n if n else self._first_epoch
 
     def _encode_token(self, position: int, epoch: int) -> bytes:
         """The token at ``position``. The source's fingerprint is read here, when a token is

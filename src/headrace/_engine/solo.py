@@ -11,8 +11,9 @@ measured.
 While the consumer waits on the loader (it spends under ``_BUSY_SHARE`` of its time outside
 ``next()``), the probe times a run of batches with the workers. When the consumer gathered a
 quarter of them itself, with less CPU per batch than ``_CONTENTION`` times the time the loader
-took to deliver one (beside the workers its gathers cost more than alone), a run is timed with
-the workers parked, and the faster way is kept for a longer stretch before both are
+took to deliver one (beside the workers its gathers cost more than alone), or when batches came
+faster than one each ``_SHORT_BATCH_S`` (hand-offs then cost about what the work does), a run is
+timed with the workers parked, and the faster way is kept for a longer stretch before both are
 timed again; a solo that won its last trial keeps its place unless it now takes ``_INCUMBENT``
 times as long as the workers (32 batches on a noisy machine decide little: the workers' run starts
 with the batches they had ready). Each trial that ends as the one before it did (alone lost
@@ -52,6 +53,12 @@ _BUSY_SHARE = 0.2  # the consumer counts as waiting on the loader below this sha
 # the delivery interval.
 _CONTENTION = 1.3
 _INCUMBENT = 1.15  # a solo that won its last trial loses the next only when this much slower
+# Batches the workers deliver this often are tens of microseconds of work each, about what each
+# hand-off between threads costs (a GIL switch, a wake-up across CPUs): alone, the consumer may
+# well be faster, and a trial costs little (a cheap transform over a local store read 20-26k
+# batches/s alone against 8-10k with two workers on the 2-vCPU VM, whose big windows left the
+# consumer too few gathers of its own to tell).
+_SHORT_BATCH_S = 150e-6
 # Kinds of work whose last trial the consumer alone won (this process), with the stretch that
 # trial earned; a lost trial, or a consumer found busy elsewhere, removes its kind.
 # Insertion-ordered: the oldest goes first.
@@ -122,9 +129,14 @@ class SoloProbe:
             # It gathered often enough to tell (a quarter of the batches), and faster than
             # batches came: worth a trial. Slower, alone it cannot be faster; and with too few
             # of its own (workers keep ahead, or the window has no room for it) there is no
-            # telling, while a trial on a latency-bound source would cost a run of slow batches.
-            promising = self._lane or (mine * 4 >= self._count and (own_s - self._own[0])
-                                       / mine < _CONTENTION * elapsed / self._count)
+            # telling, while a trial on a latency-bound source would cost a run of slow batches,
+            # unless batches come so often that the hand-offs are most of their cost. A solo
+            # that won its last trial is the incumbent: it is timed again, not dropped for want
+            # of evidence (with the workers running, the consumer may gather none itself).
+            promising = self._lane or self._won is True or \
+                elapsed < _SHORT_BATCH_S * self._count or (
+                mine * 4 >= self._count
+                and (own_s - self._own[0]) / mine < _CONTENTION * elapsed / self._count)
             return self._switch("solo", True) if promising else self._switch("keep", False)
         if self._phase == "solo" and not busy_elsewhere:
             # solo won the last trial: it keeps its place unless clearly slower now (a run of
