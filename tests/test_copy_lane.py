@@ -79,6 +79,51 @@ def test_a_waiter_copies_the_jobs_the_lane_has_not_taken_yet() -> None:
         np.testing.assert_array_equal(out, src[rows])
 
 
+@pytest.mark.parametrize("rec", [8, 3072, 70_001])
+def test_checked_copies_split_in_pieces_give_what_one_call_does(rec: int) -> None:
+    # jobs of many pieces (64 KiB each), waited for in a scrambled order: a waiter joins the job
+    # the lane is copying, or takes one not started; the copies, the records newly verified and
+    # the damaged rows (one sorted list, over pieces copied by both threads) are what one
+    # take_checked call gives
+    import google_crc32c
+
+    from headrace._store import _copylane
+    from headrace._store.crc_rows import take_checked
+
+    assert take_checked is not None
+    rng = np.random.default_rng(rec)
+    n = 600
+    src = rng.integers(0, 256, (n, rec), dtype=np.uint8)
+    aux = np.zeros((n, 2), np.uint32)
+    aux[:, 0] = [google_crc32c.value(r.tobytes()) for r in src]
+    aux[:, 1] = rec
+    aux[rng.choice(n, 40, replace=False), 0] ^= 1  # damage spread over every piece
+    bits_lane, bits_one = np.zeros((n + 7) // 8, np.uint8), np.zeros((n + 7) // 8, np.uint8)
+    jobs = []
+    for _ in range(12):
+        ids = rng.integers(0, n, 256 if rec < 70_000 else 24).astype(np.int64)
+        out = np.empty((len(ids), rec), np.uint8)
+        jobs.append((ids, out, _copylane.start_checked(src.reshape(-1), rec, ids, ids, aux,
+                                                       bits_lane, out)))
+    want = []
+    for ids, _out, _p in jobs:  # the same reads in the same order, one call each
+        out = np.empty((len(ids), rec), np.uint8)
+        new, bad = take_checked(src.reshape(-1), rec, ids, ids, aux, bits_one, out)
+        want.append((out, new, np.frombuffer(bad, np.int64).tolist()))
+    got: dict[int, tuple[int, list[int]]] = {}
+    for j in [5, 0, 11, *range(1, 5), *range(6, 11)]:
+        ids, out, p = jobs[j]
+        new, bad = p.wait()
+        got[j] = (new, np.frombuffer(bad, np.int64).tolist())
+        np.testing.assert_array_equal(out, src[ids])
+        assert got[j][1] == sorted(got[j][1])
+    for j, (_out, _new, bad) in enumerate(want):
+        assert got[j][1] == bad  # damaged rows: the same positions whoever copied them
+    np.testing.assert_array_equal(bits_lane, bits_one)
+    # each good record is counted new once over all jobs, whichever job or thread saw it first
+    assert sum(new for new, _ in got.values()) == sum(w[1] for w in want)
+
+
 def test_a_pending_copy_keeps_its_buffers() -> None:
     src = bytearray(range(256)) * 64
     out = np.empty((64, 256), np.uint8)

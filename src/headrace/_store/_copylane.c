@@ -15,9 +15,12 @@
  * done, so neither the mapping nor out can go away under the thread; its wait() returns once out
  * holds the rows (the GIL released while it waits), and dropping a Pending waits too.
  *
- * The lane runs jobs one at a time in the order queued; a waiter whose job the lane has not
- * taken yet copies it itself (the lane thread may be descheduled on a busy machine: the consumer
- * then never spins on work it could do). A full queue copies in the caller. In a forked child
+ * The lane runs jobs one at a time in the order queued. A job is cut into pieces of about
+ * PIECE_BYTES that whoever works on it claims one at a time: a waiter joins the job it waits for
+ * (the lane's current one, or one not taken yet, which it then does alone) and copies pieces
+ * beside the lane instead of spinning, so a copy that takes longer than the consumer's Python
+ * runs on both CPUs; and a lane descheduled on a busy machine never leaves the consumer waiting
+ * on work it could do. A full queue copies in the caller. In a forked child
  * (whose copy of the thread does not exist) the parent's jobs are never copied and waits on them
  * return at once; new ones start a lane of the child's own.
  *
@@ -46,8 +49,21 @@
  * long before it sleeps: longer than a batch's bookkeeping, far shorter than a training step */
 #define SPIN_NS 200000
 
-/* a job's state: queued, taken (by the lane, or by a waiter that copies it itself), copied */
+/* a job's state: queued, taken (someone copies its pieces), copied */
 enum { QUEUED = 0, TAKEN = 1, COPIED = 2 };
+/* a piece: copied (and checked) in one call; large enough that claiming it costs nothing beside
+ * the copy, small enough that two threads finish a batch's copy together */
+#define PIECE_BYTES (64 << 10)
+
+/* What the threads working on one job share (in its Pending, which outlives the job's slot). */
+typedef struct {
+    _Atomic Py_ssize_t next;  /* first row no one has claimed */
+    _Atomic int active;       /* threads working on the job; -1 once the last one closed it */
+    _Atomic Py_ssize_t added; /* a checked copy's newly verified rows, summed over its pieces */
+    Py_ssize_t piece;         /* rows a piece */
+    Py_ssize_t *piece_bad;    /* a checked copy's bad rows in each piece, listed from bad + the
+                               * piece's first row until the job closes */
+} Share;
 
 typedef struct {
     uint8_t *dst;
@@ -61,7 +77,8 @@ typedef struct {
     Py_ssize_t *added, *nbad;
     int64_t *bad;
     _Atomic int *state;  /* the Pending's, which outlives its slot: a waiter that takes the job
-                          * itself clears the slot's pointer (under mu) first */
+                          * before the lane does clears the slot's pointer (under mu) first */
+    Share *sh;           /* the Pending's too */
 } Job;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -90,12 +107,17 @@ static void copy_rows(uint8_t *dst, const uint8_t *src, const int64_t *rows, Py_
     }
 }
 
-static void run_job(const Job *job) {
-    if (job->ids != NULL)
-        checked_copy(job->dst, job->src, job->rows, job->ids, job->n, job->rb, job->bm, job->want,
-                     job->added, job->bad, job->nbad);
-    else
-        copy_rows(job->dst, job->src, job->rows, job->n, job->rb);
+static void run_piece(const Job *job, Py_ssize_t j0, Py_ssize_t j1) {
+    Py_ssize_t m = j1 - j0, rb = job->rb;
+    if (job->ids == NULL) {
+        copy_rows(job->dst + j0 * rb, job->src, job->rows + j0, m, rb);
+        return;
+    }
+    Py_ssize_t added = 0, nbad = 0;
+    checked_copy(job->dst + j0 * rb, job->src, job->rows + j0, job->ids + j0, m, rb, job->bm,
+                 job->want, &added, job->bad + j0, &nbad);
+    if (added) atomic_fetch_add(&job->sh->added, added);
+    job->sh->piece_bad[j0 / job->sh->piece] = nbad;
 }
 
 static void finish(_Atomic int *state) {
@@ -105,6 +127,52 @@ static void finish(_Atomic int *state) {
         pthread_cond_broadcast(&done_cv);
         pthread_mutex_unlock(&mu);
     }
+}
+
+/* The last thread to leave a job: every piece is done. A checked copy's bad rows, listed piece
+ * by piece (each piece's sorted, at positions relative to it), become one sorted list. */
+static void close_job(const Job *job) {
+    Share *sh = job->sh;
+    if (job->ids != NULL) {
+        Py_ssize_t total = 0, pieces = job->n ? (job->n + sh->piece - 1) / sh->piece : 0;
+        for (Py_ssize_t q = 0; q < pieces; q++) {
+            const int64_t *from = job->bad + q * sh->piece;  /* never behind the list's end */
+            for (Py_ssize_t b = 0; b < sh->piece_bad[q]; b++)
+                job->bad[total++] = from[b] + q * sh->piece;
+        }
+        *job->nbad = total;
+        *job->added = atomic_load(&sh->added);
+    }
+    finish(job->state);  /* the Pending may go once this is stored: nothing touches it after */
+}
+
+/* Copies pieces of a job the caller joined (counted in active) until none is left to claim,
+ * then leaves it; the last to leave closes it. After leaving, the job is not touched again. */
+static void work_on(const Job *job) {
+    Share *sh = job->sh;
+    for (;;) {
+        Py_ssize_t j0 = atomic_fetch_add(&sh->next, sh->piece);
+        if (j0 >= job->n) break;
+        run_piece(job, j0, j0 + sh->piece < job->n ? j0 + sh->piece : job->n);
+    }
+    int a = atomic_load(&sh->active);
+    for (;;) {
+        if (a == 1) {  /* the last one: no piece is left unclaimed, and the others finished theirs */
+            if (atomic_compare_exchange_weak(&sh->active, &a, -1)) {
+                close_job(job);
+                return;
+            }
+        } else if (atomic_compare_exchange_weak(&sh->active, &a, a - 1)) {
+            return;
+        }
+    }
+}
+
+/* Joins a job someone works on (active > 0); 0 when it closed already. */
+static int join(Share *sh) {
+    int a = atomic_load(&sh->active);
+    while (a > 0 && !atomic_compare_exchange_weak(&sh->active, &a, a + 1)) {}
+    return a > 0;
 }
 
 static void *lane(void *arg) {
@@ -134,6 +202,7 @@ static void *lane(void *arg) {
             job = queue[head % QUEUE];
             head++;
             if (job.state != NULL) {  /* NULL: a waiter took it */
+                atomic_store(&job.sh->active, 1);
                 atomic_store(job.state, TAKEN);
                 got = 1;
                 break;
@@ -141,8 +210,7 @@ static void *lane(void *arg) {
         }
         pthread_mutex_unlock(&mu);
         if (!got) continue;
-        run_job(&job);
-        finish(job.state);
+        work_on(&job);
     }
     return NULL;
 }
@@ -159,11 +227,11 @@ static void after_fork_child(void) {
     generation++;
 }
 
-/* Waits (GIL released) until the job is copied. A job the lane has not taken yet (the lane
- * thread descheduled, or busy with an earlier one) the waiter takes and copies itself: a
- * preempted lane never leaves the consumer spinning on work it could do. */
+/* Waits (GIL released) until the job is copied, copying pieces of it meanwhile: a job the lane
+ * has not taken yet (the lane descheduled, or busy with an earlier one) the waiter takes; one the
+ * lane is copying it joins. Then it spins briefly for the pieces others still copy, and sleeps. */
 static void wait_job(_Atomic int *state, const Job *job) {
-    int mine = 0;
+    int joined = 0;
     if (atomic_load(state) == QUEUED) {
         pthread_mutex_lock(&mu);
         if (atomic_load(state) == QUEUED) {  /* still in its slot: clear the slot, take it */
@@ -173,16 +241,14 @@ static void wait_job(_Atomic int *state, const Job *job) {
                     break;
                 }
             }
+            atomic_store(&job->sh->active, 1);
             atomic_store(state, TAKEN);
-            mine = 1;
+            joined = 1;
         }
         pthread_mutex_unlock(&mu);
     }
-    if (mine) {
-        run_job(job);
-        atomic_store(state, COPIED);
-        return;
-    }
+    if (!joined && atomic_load(state) == TAKEN) joined = join(job->sh);
+    if (joined) work_on(job);
     uint64_t since = now_ns();
     unsigned spins = 0;
     while (atomic_load(state) != COPIED) {
@@ -208,6 +274,7 @@ typedef struct {
     int checked;        /* start_checked's: ids and aux (and bits, when has_bits) held too */
     int has_bits;
     Job job;
+    Share sh;
     Py_buffer src, rows, out, ids, aux, bits;
     Py_ssize_t added, nbad;  /* a checked copy's results, once done */
     int64_t *bad;
@@ -249,6 +316,7 @@ static PyObject *pending_done(Pending *p, void *unused) {
 static void pending_dealloc(Pending *p) {
     release(p);
     PyMem_Free(p->bad);
+    PyMem_Free(p->sh.piece_bad);
     Py_TYPE(p)->tp_free((PyObject *)p);
 }
 
@@ -291,11 +359,16 @@ static Pending *new_pending(void);
 /* Queues p's job (built and checked by the caller); with the queue full, or no thread, the
  * caller copies it now. */
 static PyObject *queue_job(Pending *p) {
+    Py_ssize_t rb = p->job.rb;
+    p->sh.piece = PIECE_BYTES / rb > 0 ? PIECE_BYTES / rb : 1;
+    p->job.sh = &p->sh;
     pthread_mutex_lock(&mu);
     if (tail - head >= QUEUE || ensure_lane() < 0) {
         pthread_mutex_unlock(&mu);
+        atomic_store(&p->sh.active, 1);
+        atomic_store(&p->state, TAKEN);
         Py_BEGIN_ALLOW_THREADS
-        run_job(&p->job);
+        work_on(&p->job);
         Py_END_ALLOW_THREADS
         return (PyObject *)p;  /* done already: wait() only releases the buffers */
     }
@@ -338,7 +411,7 @@ static PyObject *start(PyObject *self, PyObject *args) {
         }
     }
     p->job = (Job){(uint8_t *)p->out.buf, (const uint8_t *)p->src.buf, rows, n, rb, NULL, NULL,
-                   NULL, NULL, NULL, NULL, &p->state};
+                   NULL, NULL, NULL, NULL, &p->state, NULL};
     return queue_job(p);
 fail:
     Py_DECREF(p);
@@ -353,6 +426,11 @@ static Pending *new_pending(void) {
     p->held = p->checked = p->has_bits = 0;
     p->added = p->nbad = 0;
     p->bad = NULL;
+    atomic_store(&p->sh.next, 0);
+    atomic_store(&p->sh.active, 0);
+    atomic_store(&p->sh.added, 0);
+    p->sh.piece = 1;
+    p->sh.piece_bad = NULL;
     return p;
 }
 
@@ -376,14 +454,16 @@ static PyObject *start_checked(PyObject *self, PyObject *args) {
                      &p->out, &n) < 0)
         goto fail;
     p->bad = (int64_t *)PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
-    if (p->bad == NULL) {
+    /* one count for each piece: at most n of them, whatever the piece size comes to */
+    p->sh.piece_bad = (Py_ssize_t *)PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_ssize_t));
+    if (p->bad == NULL || p->sh.piece_bad == NULL) {
         PyErr_NoMemory();
         goto fail;
     }
     p->job = (Job){(uint8_t *)p->out.buf, (const uint8_t *)p->src.buf,
                    (const int64_t *)p->rows.buf, n, rb, (const int64_t *)p->ids.buf,
                    (const uint32_t *)p->aux.buf, p->has_bits ? (uint8_t *)p->bits.buf : NULL,
-                   &p->added, &p->nbad, p->bad, &p->state};
+                   &p->added, &p->nbad, p->bad, &p->state, NULL};
     return queue_job(p);
 fail:
     Py_DECREF(p);
