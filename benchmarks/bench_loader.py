@@ -57,7 +57,8 @@ Also measured: the sampler's share of headrace's wall time per batch: one epoch 
 
 Run::
 
-    .venv/bin/python benchmarks/bench_loader.py            # ~1-2 minutes on 2 cores
+    .venv/bin/python benchmarks/bench_loader.py            # ~3 minutes on 2 cores
+    .venv/bin/python benchmarks/bench_loader.py --rounds 5 --warm read --firsts 5  # ~5 minutes
     .venv/bin/python benchmarks/bench_loader.py --rows 50000 --rounds 2   # a quick look
 
 Data is generated once under ``benchmarks/_data/bench_loader/`` (gitignored, ~1.2 GB; the rows are
