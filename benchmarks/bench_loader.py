@@ -38,7 +38,10 @@ and ``vs ceiling`` the median of the per-round ratios (steady state: headrace ch
 the first time a process reads it, which the first epoch column shows; the other peers do no
 integrity checks at all). ``CPU us/batch`` is the CPU time all of a peer's threads and processes
 spent per batch: unlike wall time it barely moves with load from other jobs, and it bounds what a
-peer can reach on an idle machine (2 threads at best halve the wall time of their CPU work). Peak RSS
+peer can reach on an idle machine (2 threads at best halve the wall time of their CPU work).
+``page faults/epoch`` is the median steady epoch's minor faults (major in brackets), the
+process's and its workers': memory a peer maps afresh, or gets back after the machine reclaimed
+it while the other peers ran, costs CPU there. Peak RSS
 is ``ru_maxrss`` of the peer's process plus its largest child (torch workers); it counts the mmap'd
 page-cache pages a peer touched, which are shared and reclaimable, so ``anon MB`` (the peak of the
 process's anonymous RSS, sampled every 10 ms during its epochs only, so idle peers take no CPU
@@ -439,6 +442,15 @@ CEILING_OF = {"headrace-seq": "ceiling-seq", "ceiling-seq": "ceiling-seq",
               "ceiling-jax": "ceiling-jax", "headrace-jax": "ceiling-jax"}
 
 
+def _faults() -> tuple[int, int]:
+    """Page faults of this process and its exited children: (minor, major). A peer's memory that
+    the machine reclaimed while other peers ran (a VM's proactive reclaim takes pages idle for a
+    few seconds) comes back through them, at a cost the CPU column includes."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_minflt + kids.ru_minflt, me.ru_majflt + kids.ru_majflt
+
+
 def _cpu_seconds() -> float:
     """CPU time of this process (all threads) and of its exited children (torch workers)."""
     me = resource.getrusage(resource.RUSAGE_SELF)
@@ -476,16 +488,18 @@ def serve_peer(peer: str, root: Path, rows: int) -> None:
     for line in sys.stdin:
         if line.strip() == "run":
             anon.resume()
-            cpu0 = _cpu_seconds()
+            cpu0, faults0 = _cpu_seconds(), _faults()
             t0 = time.perf_counter()
             got = RUNNERS[peer](root, rows, repeat)
             seconds = time.perf_counter() - t0
-            cpu = _cpu_seconds() - cpu0
+            cpu, faults1 = _cpu_seconds() - cpu0, _faults()
             anon.pause()
             repeat += 1
             if got != rows:
                 raise RuntimeError(f"{peer} delivered {got} rows, expected {rows}")
-            result = {"seconds": seconds, "cpu_seconds": cpu}
+            result = {"seconds": seconds, "cpu_seconds": cpu,
+                      "minor_faults": faults1[0] - faults0[0],
+                      "major_faults": faults1[1] - faults0[1]}
             if peer == "headrace":  # timed right after the epoch, under the same machine load
                 result["sampler_s_per_batch"] = sampler_seconds_per_batch(rows)
             print(json.dumps(result), flush=True)
@@ -509,6 +523,7 @@ class Peer:
         self.seconds: list[float] = []
         self.sampler_s: list[float] = []
         self.cpu_s: list[float] = []
+        self.faults: list[tuple[int, int]] = []  # (minor, major) per epoch
         self.final: dict[str, Any] = {}
         self._read()  # the "ready" line
 
@@ -527,6 +542,7 @@ class Peer:
         result = self._read()
         self.seconds.append(float(result["seconds"]))
         self.cpu_s.append(float(result["cpu_seconds"]))
+        self.faults.append((int(result["minor_faults"]), int(result["major_faults"])))
         if "sampler_s_per_batch" in result:
             self.sampler_s.append(float(result["sampler_s_per_batch"]))
         return self.seconds[-1]
@@ -595,8 +611,8 @@ def main() -> None:
     by_name = {p.name: p for p in peers}
     print()
     print("| peer | ceiling | rows/s | vs ceiling | first epoch rows/s | first vs ceiling's first "
-          "| CPU us/batch | CPU vs ceiling | peak RSS MB | anon MB |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| CPU us/batch | CPU vs ceiling | page faults/epoch | peak RSS MB | anon MB |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     batches = -(-args.rows // BATCH)
     for peer in peers:
         rate = args.rows / float(np.median(steady(peer)))
@@ -610,10 +626,13 @@ def main() -> None:
                                                   strict=True)]
             first_ratio = f"{np.median(first_ratios):.2f}x"
             cpu_ratio = f"{cpu / float(np.median(ceiling.cpu_s[1:] or ceiling.cpu_s)):.2f}x"
+        faults = peer.faults[1:] or peer.faults
+        minor = float(np.median([f[0] for f in faults]))
+        major = float(np.median([f[1] for f in faults]))
         print(f"| {peer.name} | {ceiling.name if ceiling else '-'} | {rate:,.0f} | {ratio} | "
               f"{args.rows / float(np.median(firsts[peer.name])):,.0f} | {first_ratio} | "
-              f"{cpu / batches * 1e6:,.0f} | {cpu_ratio} | {peer.final['peak_rss_mb']:,.0f} | "
-              f"{peer.final['anon_mb']:,.0f} |")
+              f"{cpu / batches * 1e6:,.0f} | {cpu_ratio} | {minor:,.0f} ({major:,.0f}) | "
+              f"{peer.final['peak_rss_mb']:,.0f} | {peer.final['anon_mb']:,.0f} |")
     jx, plain = by_name.get("headrace-jax"), by_name.get("ceiling")
     if jx is not None and plain is not None:  # the ceiling that places nothing, for reference
         ratios = [c / s for c, s in zip(steady(plain), steady(jx), strict=True)]
