@@ -305,3 +305,26 @@ def test_a_step_that_halves_the_consumers_wait_is_kept_at_a_flat_rate() -> None:
     g = Feed(u)
     assert g.run(rate=200.0, wait=0.3, busy=0.3) and u.prefetch == 1
     assert g.run(rate=200.0, wait=0.2, busy=0.3) and u.prefetch == 0, u.last_reason  # undone
+
+
+def test_on_cpu_work_at_its_ceiling_whose_dispatch_waits_for_room_keeps_a_flat_prefetch_step():
+    # two threads on two CPUs, a consumer that always waits, the dispatcher waiting a third of
+    # the time for window room: a prefetch step is taken on that direct evidence and kept
+    # unless the rate fell (a flat rate, within one interval's noise, keeps it), never past as
+    # many batches as threads; without the window wait the same flat step is undone
+    def run(blocked: float) -> Tuner:
+        t = Tuner(max_threads=8, max_window=64, threads=2, cores=2)
+        s = Signals(now=0.0, batches=0, consumer_wait_s=0.0, busy_s=0.0, capped_s=0.0,
+                    ram_wait_s=0.0)
+        t.start(s)
+        for _ in range(6):
+            s = _io(s, dt=0.2, rate=3000, wait=0.97, threads=2, gather=0.0006,
+                    gather_cpu=0.0006, blocked=blocked)
+            t.step(s)
+        return t
+
+    t = run(blocked=0.33)
+    assert (t.threads, t.prefetch) == (2, 2) and t.reverted == 0, t.last_reason
+    assert t.settled and "nothing left to raise" in t.last_reason, t.last_reason
+    u = run(blocked=0.0)
+    assert u.reverted >= 1 and u.prefetch < 2, u.last_reason

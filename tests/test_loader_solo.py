@@ -317,3 +317,61 @@ def test_a_parked_consumer_gets_its_own_batches_straight(monkeypatch):
         got = [b["x"].copy() for b in ld]
         assert ld.stats()["queue_high_water"] == 0
     assert np.array_equal(np.concatenate(got), x)
+
+
+def test_a_held_probe_times_the_workers_again_instead_of_trying_solo():
+    # under a tuner still raising its knobs the workers' timing is of a setting on its way:
+    # no trial of the consumer alone starts from it, however promising; once released, one does
+    probe = SoloProbe(settle=3, tuned=True)
+    assert probe.hold
+    clock = [0.0]
+    assert _drive(probe, 3 + 4 * solo._TIMED, solo_s=40e-6, workers_s=90e-6, clock=clock) == []
+    assert not probe.solo
+    probe.hold = False
+    assert _drive(probe, solo._TIMED + 1, solo_s=40e-6, workers_s=90e-6, clock=clock) == [True]
+
+
+def test_a_tuned_engine_starts_with_its_workers_whatever_the_last_verdict():
+    # parked from the start, its tuner would never run and each later trial would compare the
+    # consumer with one worker: a tuned engine earns its parking against its settled setting
+    x = np.arange(6_000 * 8, dtype=np.int64).reshape(6_000, 8)
+    with headrace.Loader({"x": x}, batch=64, order="sequential", tune=True, epochs=1) as ld:
+        next(ld)
+        key = ld._work_key()
+        assert key[-1] is True  # tuned work is its own kind
+    solo._VERDICTS[key] = solo._KEEP
+    try:
+        assert not SoloProbe(settle=3, key=key, tuned=True).solo
+        assert SoloProbe(settle=3, key=key).solo  # an untuned probe of that key would start parked
+        with headrace.Loader({"x": x}, batch=64, order="sequential", tune=True, epochs=1) as ld:
+            first = next(ld)
+            assert not ld.stats()["workers_parked"]
+            got = [first["x"].copy()] + [b["x"].copy() for b in ld]
+        assert np.array_equal(np.concatenate(got), x)
+    finally:
+        solo._VERDICTS.pop(key, None)
+
+
+def test_the_tuner_holds_the_probe_until_it_settles(monkeypatch):
+    # the engine releases the probe once a tuner step raised nothing
+    from headrace._engine.autotune import Tuner
+
+    x = np.arange(4_000 * 8, dtype=np.int64).reshape(4_000, 8)
+    holds: list[tuple[bool, bool]] = []
+    step = Tuner.step
+
+    def watched(self, signals):
+        changed = step(self, signals)
+        holds.append((changed, self.settled))
+        return changed
+
+    monkeypatch.setattr(Tuner, "step", watched)
+    with headrace.Loader({"x": x}, batch=16, order="shuffle", tune=True, epochs=None) as ld:
+        it = iter(ld)
+        deadline = time.monotonic() + 0.6
+        while time.monotonic() < deadline:
+            next(it)
+        engine = ld._engine
+        assert engine is not None
+        assert engine.probe.hold == (not engine.parked and not ld._tuner.settled)
+    assert holds and all(not settled for changed, settled in holds if changed)

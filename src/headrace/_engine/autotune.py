@@ -37,7 +37,10 @@ Decisions, one per interval:
   many batches of prefetch as threads come with the jump. Otherwise the window of such workers
   grows only while the dispatcher waits for room in it (``BLOCKED``), doubling, to at most as
   much prefetch as threads. Such steps are kept unless the rate fell (``FELL``), a jump when the
-  rate reached ``HOLDS`` of its prediction;
+  rate reached ``HOLDS`` of its prediction; so is a prefetch step of on-CPU work at its thread
+  ceiling taken while the dispatcher waited for room (the same direct evidence: a batch that
+  finishes late holds up the finished ones behind it), which a 2% gain would judge by one noisy
+  interval;
 * every increase is checked on the next interval: when the rate did not rise by ``GAIN`` or
   more and the consumer's wait did not halve (or fall under ``WAIT_LOW``), it is undone (both knobs, when it moved both) and that knob is not raised again for a
   cooldown that doubles on each failure (hysteresis: no oscillating between two settings);
@@ -145,6 +148,13 @@ class Tuner:
         self.wait = 0.0
         self.busy = 0.0
         self.blocked = 0.0
+
+    @property
+    def settled(self) -> bool:
+        """Whether the last decision raised nothing: the setting is what the tuner found, not a
+        step on its way there (no increase waits to be judged, and an interval was measured)."""
+        return self._last is not None and self.rate > 0 and \
+            (self._move is None or not self._move.up)
 
     @property
     def window(self) -> int:
@@ -315,6 +325,13 @@ class Tuner:
         saturated = self.threads >= ceiling or now < self._cool_until["threads"]
         plain = not waits_io and (self.busy < BUSY or saturated) and \
             self.prefetch < max(1, self.threads)
+        # On-CPU work at its thread ceiling whose dispatcher waits for window room has the same
+        # direct evidence as latency-bound work: a batch that finishes late holds up the finished
+        # ones behind it while a CPU idles. Such a step, like a latency-bound one, is undone
+        # only when the rate fell: judged by a 2% gain, one noisy interval of a loader that
+        # already keeps its CPUs busy would decide (and the prefetch would swing between 0 and
+        # the threads from interval to interval). The limit stays as many batches as threads.
+        windowed = plain and on_cpu and saturated and self.blocked >= BLOCKED
         if room > 0 and now >= self._cool_until["prefetch"] and (latent or plain):
             # at most as much slack as threads: each thread a batch in flight and one finished
             if latent:
@@ -324,11 +341,12 @@ class Tuner:
                 step = min(room, max(1, self.prefetch), max(1, self.threads) - self.prefetch)
             else:
                 step = 1
+            signalled = latent or windowed
             self._set("prefetch", self.prefetch + step, now, up=True,
                       why=(f"the consumer waited {self.wait:.1%}, workers {self.busy:.0%} busy"
                            + (f", dispatch waited {self.blocked:.0%} for window room"
-                              if latent else "")))
-            if latent:
+                              if signalled else "")))
+            if signalled:
                 assert self._move is not None
                 self._move.signalled = True
             return

@@ -181,7 +181,8 @@ class _Engine:
         self.lane = getattr(source, "gather_start", None)
         # (a transform the consumer would run alone: its own gathers do predict that)
         self.probe = SoloProbe(settle=self.window + 1, key=work_key,
-                               lane=self.lane is not None and transform is None)
+                               lane=self.lane is not None and transform is None,
+                               tuned=tuner is not None)
         # Parked, the consumer starts the next batches' gathers on the copy lane before it
         # hands over the current one (``_start_ahead``): the copies run on a native thread
         # while the consumer does its bookkeeping and its own work, and ``take`` finishes them
@@ -1122,6 +1123,7 @@ class Loader:
             tuner.pause(now)
         elif tuner.step(self._signals(engine, now)):
             engine.resize(tuner.threads, tuner.window)
+        engine.probe.hold = not engine.parked and not tuner.settled
 
     def _enable_tune(self) -> None:
         """Turn autotuning on, in place (``headrace.mix(tune=True)`` does it for its sources):

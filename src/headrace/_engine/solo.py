@@ -24,7 +24,12 @@ measure of the consumer's gathers: their wall time counts the waits for the GIL 
 trade, two to three times the work on a 2-vCPU VM. A consumer that spends real time between
 batches (a training step) always keeps the workers: they gather while it computes; one that
 starts doing so while solo is kept gets them back within a run of ``_TIMED`` batches. Under
-``tune=True`` the tuner pauses while the workers are parked and measures afresh once they run.
+``tune=True`` the tuner pauses while the workers are parked and measures afresh once they run;
+the consumer alone is tried only against the setting the tuner settled on (``hold`` while it
+is still raising threads or prefetch: against its first setting, one thread and no prefetch,
+the consumer alone would win trials that the workers at their settled setting win), and a
+tuned engine starts with its workers whatever the last verdict (parked from the start, its
+tuner would never run, and each later trial would compare the consumer with one thread).
 
 A loader built for each epoch (``Loader(..., seed=epoch, epochs=1)`` in a loop) would pay for
 the same trial every epoch: the last verdict for the same work (a ``key`` naming the source's data,
@@ -76,15 +81,19 @@ class SoloProbe:
     timed (the batches in flight drain, or the workers start again).
     """
 
-    def __init__(self, settle: int, key: Hashable | None = None, *, lane: bool = False) -> None:
+    def __init__(self, settle: int, key: Hashable | None = None, *, lane: bool = False,
+                 tuned: bool = False) -> None:
         self._settle = max(1, settle)
+        # (set by the engine) the tuner is still raising a knob: the workers' timing is of a
+        # setting on its way, so no trial of the consumer alone starts from it
+        self.hold = tuned
         # the source can start its reads on the copy lane: parked is then not the consumer
         # alone but the consumer and the lane, which its own gathers beside the workers do not
         # predict (workers that keep ahead leave it none to time), so every timing gets a trial
         self._lane = lane
         self._key = key
         # a solo verdict for the same work: start parked, as after a won trial
-        kept = _VERDICTS.get(key, 0) if key is not None else 0
+        kept = _VERDICTS.get(key, 0) if key is not None and not tuned else 0
         self.solo = bool(kept)
         self._phase = "keep" if self.solo else "workers"  # "workers" / "solo": timing that way;
         # "keep": running the faster way
@@ -133,6 +142,8 @@ class SoloProbe:
             # unless batches come so often that the hand-offs are most of their cost. A solo
             # that won its last trial is the incumbent: it is timed again, not dropped for want
             # of evidence (with the workers running, the consumer may gather none itself).
+            if self.hold:  # the tuner is on its way to a setting: time the workers again
+                return self._switch("workers", False)
             promising = self._lane or self._won is True or \
                 elapsed < _SHORT_BATCH_S * self._count or (
                 mine * 4 >= self._count
