@@ -222,3 +222,46 @@ def test_a_ctrl_c_while_the_consumer_retakes_the_lock_is_a_keyboard_interrupt(mo
         rest = read_through_interrupts(ld)
     assert hits
     assert np.concatenate([*seen, rest]).tolist() == list(range(640))
+
+
+class _InterruptedAsAcquired:
+    """A re-entrant lock whose first non-blocking acquire succeeds and then raises
+    ``KeyboardInterrupt``, as CPython does when a Ctrl-C arrives during the C call: the signal is
+    handled right after the call returns, before any statement could record the acquisition."""
+
+    def __init__(self) -> None:
+        self.inner = threading.RLock()
+        self.fired = False
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        got = self.inner.acquire(blocking, timeout)
+        if got and not blocking and not self.fired:
+            self.fired = True
+            raise KeyboardInterrupt
+        return got
+
+    def release(self) -> None:
+        self.inner.release()
+
+    def _is_owned(self) -> bool:
+        return self.inner._is_owned()
+
+
+@pytest.mark.parametrize("invite", [False, True])
+def test_a_ctrl_c_as_the_consumer_takes_the_dispatch_lock_leaves_it_free(invite):
+    # left taken, the lock would stop every worker's dispatch for good: next() waits forever
+    from types import SimpleNamespace
+
+    from headrace._engine.loader import _Engine
+
+    lock = _InterruptedAsAcquired()
+    engine = SimpleNamespace(dispatch_lock=lock, inline_wanted=False,
+                             _dispatch=lambda **kw: pytest.fail("dispatched after the Ctrl-C"))
+    with pytest.raises(KeyboardInterrupt):
+        _Engine._dispatch_if_free(engine, invite=invite)  # type: ignore[arg-type]
+    assert lock.fired and not lock._is_owned()
+    got: list[bool] = []
+    other = threading.Thread(target=lambda: got.append(lock.inner.acquire(timeout=1)))
+    other.start()
+    other.join()
+    assert got == [True]  # another thread (a worker) takes it at once

@@ -140,7 +140,8 @@ class _Engine:
         self.dispatch_cv = threading.Condition(self.lock)  # the dispatch_lock holder waits here
         self.dispatcher_waits = False  # the dispatch_lock holder is in dispatch_cv.wait (locked)
         self.park_cv = threading.Condition(self.lock)  # workers past ``active`` wait here
-        self.dispatch_lock = threading.Lock()
+        # re-entrant only so that its owner can be asked (``_dispatch_if_free``)
+        self.dispatch_lock = threading.RLock()
         self.ready: dict[int, _Result] = {}
         self.next_dispatch = 0
         self.next_deliver = 0
@@ -491,6 +492,30 @@ class _Engine:
 
     # -- consumer --------------------------------------------------------------------------------
 
+    def _dispatch_if_free(self, window: int = 0, *, invite: bool = False) -> _Result | None:
+        """The consumer's ``_dispatch(wait=False)``, under ``dispatch_lock`` when no worker
+        holds it now; else None. ``invite``: ask the holder for an invitation, then look once
+        more: the holder reads the flag after its release, so either this second try comes after
+        the release and takes the lock, or the holder sees the flag and invites (a spurious
+        invite costs one try).
+
+        A Ctrl-C is raised in the consumer's thread right after a C call returns (CPython looks
+        for signals there), so it can come between ``acquire`` succeeding and any statement
+        that would record it: the ``finally`` releases the lock by asking who owns it. A lock
+        left taken would stop every worker's dispatch for good."""
+        lock = self.dispatch_lock
+        try:
+            if not lock.acquire(blocking=False):
+                if not invite:
+                    return None
+                self.inline_wanted = True
+                if not lock.acquire(blocking=False):
+                    return None
+            return self._dispatch(wait=False, window=window)
+        finally:
+            if lock._is_owned():  # type: ignore[attr-defined]
+                lock.release()
+
     def _inline(self) -> _Result | None:
         """The consumer, about to wait, gathers the next undispatched batch itself; returns it
         gathered (or with its error), not posted, or None when it could not reserve one.
@@ -502,17 +527,7 @@ class _Engine:
         loop pays no thread hand-off for that batch; order, caps and checkpoints are unchanged
         (the batch is reserved and posted exactly as a worker's).
         """
-        if not self.dispatch_lock.acquire(blocking=False):
-            # Ask the holder for an invitation, then look once more: the holder reads the flag
-            # after its release, so either this second try comes after the release and takes the
-            # lock, or the holder sees the flag and invites (a spurious invite costs one try).
-            self.inline_wanted = True
-            if not self.dispatch_lock.acquire(blocking=False):
-                return None
-        try:
-            task = self._dispatch(wait=False)
-        finally:
-            self.dispatch_lock.release()
+        task = self._dispatch_if_free(invite=True)
         if task is None:
             return None
         if self.parked:  # the probe judges the consumer's own gathers while the workers run
@@ -626,14 +641,9 @@ class _Engine:
         if orphan is not None and orphan not in aheads:
             return  # a Ctrl-C left a reservation behind: ``take`` recovers it first
         while len(aheads) < _AHEAD:
-            if not self.dispatch_lock.acquire(blocking=False):
-                return
-            try:
-                # the lane's batches may pass a smaller window (no prefetch, one thread: a
-                # tuner's first setting): the byte budget and the RAM cap still hold them
-                task = self._dispatch(wait=False, window=1 + _AHEAD)
-            finally:
-                self.dispatch_lock.release()
+            # the lane's batches may pass a smaller window (no prefetch, one thread: a tuner's
+            # first setting): the byte budget and the RAM cap still hold them
+            task = self._dispatch_if_free(window=1 + _AHEAD)
             if task is None:
                 return
             aheads.append(task)  # recovered from here, not as ``inline_task``, after a Ctrl-C
@@ -1123,7 +1133,9 @@ class Loader:
             tuner.pause(now)
         elif tuner.step(self._signals(engine, now)):
             engine.resize(tuner.threads, tuner.window)
-        engine.probe.hold = not engine.parked and not tuner.settled
+        # paused, the tuner is unsettled until it measured again after the workers restart: no
+        # trial of the consumer alone meanwhile
+        engine.probe.hold = not tuner.settled
 
     def _enable_tune(self) -> None:
         """Turn autotuning on, in place (``headrace.mix(tune=True)`` does it for its sources):
