@@ -1,6 +1,6 @@
 """The byte budget: producers reserve bytes *before* allocating, and block while the cap is full.
 
-Invariant (held under ``_cv``): ``0 <= used_bytes <= cap_bytes`` at every instant, so the high-water
+Invariant (held under ``_lock``): ``0 <= used_bytes <= cap_bytes`` at every instant, so the high-water
 mark never exceeds the cap. Requests are served first come, first served: a large request is not
 starved by a stream of small ones. A request larger than the cap could never be served, so it is an
 error at once (never a hang); ``close()`` wakes every waiter, which then gets ``False``.
@@ -28,7 +28,11 @@ class ByteBudget:
         if isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int) or cap_bytes < 1:
             raise ConfigError(f"cap_bytes must be an int >= 1, got {cap_bytes!r}")
         self.cap_bytes = cap_bytes
-        self._cv = threading.Condition(threading.Lock())
+        # ``with`` takes the lock itself, not the Condition: a Condition's __enter__/__exit__
+        # are Python functions, where a Ctrl-C in the consumer's thread can be raised before the
+        # lock is let go (every later acquire, every worker's, would then wait forever)
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
         self._used = 0
         self._high_water = 0
         self._wait_s = 0.0
@@ -73,7 +77,7 @@ class ByteBudget:
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         self.check_fits(nbytes)
-        with self._cv:
+        with self._lock:
             if self._closed:
                 return False
             if not self._queue and self._allowed(nbytes):
@@ -110,7 +114,7 @@ class ByteBudget:
 
     def release(self, nbytes: int) -> None:
         """Give back ``nbytes`` reserved earlier and wake waiters."""
-        with self._cv:
+        with self._lock:
             if nbytes > self._used:
                 raise RuntimeError(f"releasing {nbytes} bytes but only {self._used} are reserved")
             self._used -= nbytes
@@ -119,6 +123,6 @@ class ByteBudget:
 
     def close(self) -> None:
         """Wake every waiter; later ``acquire`` calls return False at once."""
-        with self._cv:
+        with self._lock:
             self._closed = True
             self._cv.notify_all()

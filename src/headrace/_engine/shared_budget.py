@@ -36,7 +36,8 @@ class SharedBudget:
         if isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int) or cap_bytes < 1:
             raise ConfigError(f"shared cap_bytes must be an int >= 1, got {cap_bytes!r}")
         self.cap_bytes = cap_bytes
-        self._cv = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()  # ``with`` on the lock, not the Condition (budget.py)
+        self._cv = threading.Condition(self._lock)
         self._reserved = 0
         self._used = 0
         self._overflow = 0  # sum over shares of max(0, used - reserve)
@@ -65,7 +66,7 @@ class SharedBudget:
         """
         if reserve_bytes < 1:
             raise ConfigError(f"reserve_bytes must be >= 1, got {reserve_bytes}")
-        with self._cv:
+        with self._lock:
             # Shrinking the pool below what shares already borrowed from it would break the
             # invariant, so a reserve can only come out of the free part of the pool.
             if self._reserved + self._overflow + reserve_bytes > self.cap_bytes:
@@ -113,7 +114,8 @@ class BudgetShare(ByteBudget):
         super().__init__(reserve_bytes + parent.pool_bytes)
         self.parent = parent
         self.reserve_bytes = reserve_bytes
-        self._cv = parent._cv  # one lock and one wake-up for every share of the parent
+        # one lock and one wake-up for every share of the parent
+        self._lock, self._cv = parent._lock, parent._cv
         self._detached = False
 
     def renew(self) -> BudgetShare:
@@ -124,7 +126,7 @@ class BudgetShare(ByteBudget):
         releases on it only touch its own counters).
         """
         p = self.parent
-        with self._cv:
+        with self._lock:
             if not self._detached:
                 p._overflow -= max(0, self._used - self.reserve_bytes)
                 p._used -= self._used
@@ -159,7 +161,7 @@ class BudgetShare(ByteBudget):
         super()._take(nbytes)
 
     def release(self, nbytes: int) -> None:
-        with self._cv:
+        with self._lock:
             if nbytes > self._used:
                 raise RuntimeError(f"releasing {nbytes} bytes but only {self._used} are reserved")
             p = self.parent
