@@ -105,9 +105,13 @@ def test_keyboard_interrupt_in_a_transform_is_not_wrapped():
 
 
 _CHILD = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
     import numpy as np
     import headrace
+
+    # a suite started in the background by a shell without job control inherits SIGINT ignored,
+    # and Python then installs no KeyboardInterrupt handler: the Ctrl-Cs would never arrive
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def slow(batch, ids):
         t = time.perf_counter() + 0.002
