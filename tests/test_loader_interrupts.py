@@ -269,3 +269,23 @@ def test_a_ctrl_c_as_the_consumer_takes_the_dispatch_lock_leaves_it_free(invite)
     other.start()
     other.join()
     assert got == [True]  # another thread (a worker) takes it at once
+
+
+def test_a_dispatch_lock_a_ctrl_c_left_taken_is_given_back_on_the_next_call():
+    # the last window (between asking who owns the lock and releasing it): a lock the consumer
+    # still holds on entry is one an interrupt left behind, and is let go before anything else
+    from types import SimpleNamespace
+
+    from headrace._engine.loader import _Engine
+
+    lock = threading.RLock()
+    lock.acquire()  # what an interrupted release leaves: owned by the consumer's thread
+    engine = SimpleNamespace(dispatch_lock=lock, inline_wanted=False,
+                             _dispatch=lambda **kw: None)
+    assert _Engine._dispatch_if_free(engine) is None  # type: ignore[arg-type]
+    assert not lock._is_owned()  # type: ignore[attr-defined]
+    got: list[bool] = []
+    other = threading.Thread(target=lambda: got.append(lock.acquire(timeout=1)))
+    other.start()
+    other.join()
+    assert got == [True]

@@ -501,9 +501,13 @@ class _Engine:
 
         A Ctrl-C is raised in the consumer's thread right after a C call returns (CPython looks
         for signals there), so it can come between ``acquire`` succeeding and any statement
-        that would record it: the ``finally`` releases the lock by asking who owns it. A lock
-        left taken would stop every worker's dispatch for good."""
+        that would record it: the ``finally`` releases the lock by asking who owns it. That
+        narrows the window to the step between the ask and the release; a lock still left
+        taken there is given back on the consumer's next call (it never holds it on entry), so
+        the workers' dispatch stops at most until then, not for good."""
         lock = self.dispatch_lock
+        if lock._is_owned():  # type: ignore[attr-defined]  # left taken by a Ctrl-C
+            lock.release()
         try:
             if not lock.acquire(blocking=False):
                 if not invite:
